@@ -1,0 +1,110 @@
+//! What the supervisor drives: something that builds and runs a manager.
+
+use std::error::Error as StdError;
+use std::fmt::Write as _;
+
+use crate::CycleToken;
+
+/// A boxed error from a manager, as any library would return it.
+pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
+
+/// How a manager run ended badly.
+///
+/// The variant decides the cause the cycle is recorded with.
+#[derive(Debug, thiserror::Error)]
+pub enum ManagerError {
+    /// The manager could not be built (`build_failed`).
+    #[error("building the manager failed")]
+    BuildFailed(#[source] BoxError),
+    /// The manager ran and then returned an error (`manager_failed`).
+    #[error("the manager failed")]
+    Failed(#[source] BoxError),
+}
+
+impl ManagerError {
+    /// The manager could not be built.
+    pub fn build(error: impl Into<BoxError>) -> Self {
+        Self::BuildFailed(error.into())
+    }
+
+    /// The manager ran and then failed.
+    pub fn failed(error: impl Into<BoxError>) -> Self {
+        Self::Failed(error.into())
+    }
+
+    /// The underlying error and its sources, joined with `: `.
+    #[must_use]
+    pub fn source_chain(&self) -> String {
+        let (Self::BuildFailed(source) | Self::Failed(source)) = self;
+        error_chain(source.as_ref())
+    }
+}
+
+/// Renders an error and each of its sources, joined with `: `.
+pub(crate) fn error_chain(error: &(dyn StdError + 'static)) -> String {
+    let mut out = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        write!(out, ": {cause}").expect("writing to a String cannot fail");
+        source = cause.source();
+    }
+    out
+}
+
+/// Builds a manager for a cycle and runs it until it ends.
+///
+/// The supervisor calls [`run`](Self::run) once per cycle. The manager must
+/// return soon after `cycle` is cancelled; at shutdown it has the
+/// supervisor's `shutdown_grace` to do so, after which its future is dropped.
+/// It reports that it is up (its required caches have synced) with
+/// [`CycleToken::set_manager_up`].
+///
+/// A manager that ends a cycle by itself (for example on a remote it has
+/// noticed is lost) calls [`CycleToken::cancel`] with a cause and returns.
+///
+/// ```no_run
+/// use tether_supervisor::{CycleToken, ManagerError, ManagerFactory};
+///
+/// struct Idle;
+///
+/// impl ManagerFactory for Idle {
+///     async fn run(&self, cycle: CycleToken) -> Result<(), ManagerError> {
+///         cycle.set_manager_up(true);
+///         cycle.cancelled().await;
+///         Ok(())
+///     }
+/// }
+/// ```
+pub trait ManagerFactory: Send + Sync {
+    /// Builds the manager for `cycle` and runs it until it ends.
+    ///
+    /// Returning `Ok` without the cycle having been cancelled counts as
+    /// `manager_exited`; a panic counts as `manager_panicked`.
+    ///
+    /// # Errors
+    ///
+    /// [`ManagerError::BuildFailed`] if the manager could not be built, and
+    /// [`ManagerError::Failed`] if it failed while running.
+    ///
+    /// # Cancellation safety
+    ///
+    /// The future is dropped if it outlives the shutdown grace period, so it
+    /// must leave nothing behind that a drop would corrupt.
+    fn run(&self, cycle: CycleToken) -> impl Future<Output = Result<(), ManagerError>> + Send;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("watch failed")]
+    struct Outer(#[source] std::io::Error);
+
+    #[test]
+    fn the_chain_lists_every_source_once() {
+        let err = ManagerError::failed(Outer(std::io::Error::other("connection refused")));
+        assert_eq!(err.source_chain(), "watch failed: connection refused");
+        assert_eq!(err.to_string(), "the manager failed");
+    }
+}

@@ -1,0 +1,91 @@
+//! The cycle loop of tether: build a manager once per cycle under a
+//! cancellable child token, record why each cycle ended, and rebuild with
+//! backoff.
+//!
+//! This crate knows nothing about Kubernetes. It drives a [`ManagerFactory`];
+//! whatever decides that a cycle must end (a lost remote, new configuration)
+//! calls [`CycleToken::cancel`] with a [`Cause`].
+//!
+//! # Invariants of the loop
+//!
+//! - Cycle `n` runs under a fresh [`CycleToken`], a child of the root token.
+//!   Cancelling root cancels every cycle; cancelling a cycle never cancels
+//!   root.
+//! - Every cycle ends with exactly one [`Cause`]: the first one recorded. A
+//!   manager that returns after its cycle was cancelled does not change it.
+//!   A manager that returns `Ok` uncancelled ends its cycle as
+//!   `manager_exited`, an error as `manager_failed` or `build_failed`, and a
+//!   panic as `manager_panicked`. A panic never ends the loop.
+//! - At most one manager runs at a time, and none runs after [`Supervisor::run`]
+//!   returns: the manager's future is awaited in the loop's own task, and
+//!   dropped if it overruns the shutdown grace.
+//! - After any cause but `shutdown`, the loop waits a backoff and builds
+//!   again. The backoff resets after a cycle that lived at least
+//!   `stable_after`; a shutdown cuts the wait short, and no build follows it.
+//! - `tether_manager_up` is 1 only between the current cycle's manager
+//!   reporting itself up and the end of that cycle; a report from a cancelled
+//!   or older cycle is ignored.
+//! - While the loop waits (on a manager, or a backoff), it records a heartbeat
+//!   every `heartbeat`; a stale heartbeat means the loop is wedged.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use prometheus::Registry;
+//! use tether_supervisor::{CycleToken, ManagerError, ManagerFactory, Supervisor, SupervisorConfig};
+//! use tokio_util::sync::CancellationToken;
+//!
+//! struct Idle;
+//!
+//! impl ManagerFactory for Idle {
+//!     async fn run(&self, cycle: CycleToken) -> Result<(), ManagerError> {
+//!         cycle.set_manager_up(true);
+//!         cycle.cancelled().await;
+//!         Ok(())
+//!     }
+//! }
+//!
+//! # async fn example() -> Result<(), tether_supervisor::Error> {
+//! let registry = Registry::new();
+//! let supervisor = Supervisor::new(Idle, SupervisorConfig::default(), &registry)?;
+//! let root = CancellationToken::new();
+//! let outcome = supervisor.run(root).await;
+//! # let _ = outcome;
+//! # Ok(())
+//! # }
+//! ```
+#![deny(missing_docs)]
+
+mod backoff;
+mod cause;
+mod factory;
+mod metrics;
+mod state;
+mod supervisor;
+mod token;
+
+pub use crate::backoff::{Backoff, BackoffConfig};
+pub use crate::cause::{Cause, CauseKind};
+pub use crate::factory::{BoxError, ManagerError, ManagerFactory};
+pub use crate::state::{Phase, Status};
+pub use crate::supervisor::{ShutdownOutcome, Supervisor, SupervisorConfig, SupervisorHandle};
+pub use crate::token::CycleToken;
+
+/// What can go wrong when setting up a supervisor.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A setting is out of range.
+    #[error("{field}: {reason}")]
+    InvalidConfig {
+        /// The setting's path, such as `backoff.jitter`.
+        field: &'static str,
+        /// Why the value was rejected.
+        reason: String,
+    },
+    /// The supervisor's metrics could not be registered.
+    #[error("registering the supervisor's metrics failed")]
+    RegisterMetrics(#[source] prometheus::Error),
+}
+
+/// The result type of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,45 @@
+//! The supervisor's Prometheus metrics.
+
+use prometheus::{Gauge, IntCounterVec, IntGauge, Opts, Registry};
+
+use crate::CauseKind;
+
+#[derive(Debug, Clone)]
+pub(crate) struct Metrics {
+    pub(crate) cycle: IntGauge,
+    pub(crate) cycles_total: IntCounterVec,
+    pub(crate) backoff_seconds: Gauge,
+    pub(crate) manager_up: IntGauge,
+}
+
+impl Metrics {
+    pub(crate) fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let metrics = Self {
+            cycle: IntGauge::with_opts(Opts::new("tether_cycle", "Current cycle number."))?,
+            cycles_total: IntCounterVec::new(
+                Opts::new(
+                    "tether_cycles_total",
+                    "Ended cycles, by the cause that ended them.",
+                ),
+                &["cause"],
+            )?,
+            backoff_seconds: Gauge::with_opts(Opts::new(
+                "tether_supervisor_backoff_seconds",
+                "The wait before the next build; 0 while a cycle runs.",
+            ))?,
+            manager_up: IntGauge::with_opts(Opts::new(
+                "tether_manager_up",
+                "1 while a cycle's manager runs with its required caches synced.",
+            ))?,
+        };
+        // Every cause starts at 0, so `increase()` sees the first end too.
+        for kind in CauseKind::ALL {
+            metrics.cycles_total.with_label_values(&[kind.as_str()]);
+        }
+        registry.register(Box::new(metrics.cycle.clone()))?;
+        registry.register(Box::new(metrics.cycles_total.clone()))?;
+        registry.register(Box::new(metrics.backoff_seconds.clone()))?;
+        registry.register(Box::new(metrics.manager_up.clone()))?;
+        Ok(metrics)
+    }
+}

@@ -1,0 +1,159 @@
+//! What the supervisor shares with the admin server: a status snapshot kept
+//! in step with the metrics.
+
+use std::collections::BTreeMap;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::metrics::Metrics;
+use crate::{Cause, CauseKind};
+
+/// Where the supervisor's loop is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// No cycle has been built yet.
+    Starting,
+    /// A cycle's manager is being built or is running.
+    Running,
+    /// Between cycles, waiting out the backoff.
+    BackingOff,
+    /// Shutdown was requested; the last manager is given its grace period.
+    ShuttingDown,
+    /// The loop has returned.
+    Stopped,
+}
+
+/// A snapshot of the supervisor, as the admin server shows it.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Status {
+    /// Where the loop is.
+    pub phase: Phase,
+    /// The current (or last) cycle's number; 0 before the first.
+    pub cycle: u64,
+    /// When the current (or last) cycle started.
+    pub cycle_started: Option<Instant>,
+    /// Whether the current cycle's manager reported itself up.
+    pub manager_up: bool,
+    /// The cause that ended the last cycle.
+    pub last_cause: Option<Cause>,
+    /// How long the last ended cycle lived.
+    pub last_lifetime: Option<Duration>,
+    /// The wait before the next build, while backing off.
+    pub backoff: Option<Duration>,
+    /// The last time the loop showed it is not wedged.
+    pub heartbeat: Instant,
+    /// Ended cycles by cause; every cause is present.
+    pub ended: BTreeMap<CauseKind, u64>,
+}
+
+#[derive(Debug)]
+pub(crate) struct State {
+    status: Mutex<Status>,
+    metrics: Metrics,
+}
+
+impl State {
+    pub(crate) fn new(metrics: Metrics) -> Self {
+        Self {
+            status: Mutex::new(Status {
+                phase: Phase::Starting,
+                cycle: 0,
+                cycle_started: None,
+                manager_up: false,
+                last_cause: None,
+                last_lifetime: None,
+                backoff: None,
+                heartbeat: Instant::now(),
+                ended: CauseKind::ALL.into_iter().map(|kind| (kind, 0)).collect(),
+            }),
+            metrics,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Status> {
+        // Nothing panics while holding this lock: every critical section only
+        // assigns fields. A poisoned lock still holds a consistent status.
+        self.status
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(crate) fn snapshot(&self) -> Status {
+        self.lock().clone()
+    }
+
+    pub(crate) fn beat(&self) {
+        self.lock().heartbeat = Instant::now();
+    }
+
+    pub(crate) fn cycle_started(&self, number: u64, at: Instant) {
+        let mut status = self.lock();
+        status.phase = Phase::Running;
+        status.cycle = number;
+        status.cycle_started = Some(at);
+        status.manager_up = false;
+        status.backoff = None;
+        status.heartbeat = at;
+        self.metrics
+            .cycle
+            .set(i64::try_from(number).unwrap_or(i64::MAX));
+        self.metrics.manager_up.set(0);
+        self.metrics.backoff_seconds.set(0.0);
+    }
+
+    /// Takes a manager's up report if it is for the current cycle and
+    /// `cancelled` is still false under the lock.
+    pub(crate) fn set_manager_up(
+        &self,
+        number: u64,
+        up: bool,
+        cancelled: impl FnOnce() -> bool,
+    ) -> bool {
+        let mut status = self.lock();
+        if status.cycle != number || status.phase != Phase::Running || (up && cancelled()) {
+            return false;
+        }
+        status.manager_up = up;
+        self.metrics.manager_up.set(i64::from(up));
+        true
+    }
+
+    pub(crate) fn shutting_down(&self) {
+        let mut status = self.lock();
+        status.phase = Phase::ShuttingDown;
+        status.manager_up = false;
+        self.metrics.manager_up.set(0);
+    }
+
+    /// Records the end of the current cycle, and the wait before the next one
+    /// (`None` at shutdown).
+    pub(crate) fn cycle_ended(&self, cause: &Cause, lifetime: Duration, next: Option<Duration>) {
+        let mut status = self.lock();
+        status.manager_up = false;
+        status.last_cause = Some(cause.clone());
+        status.last_lifetime = Some(lifetime);
+        *status.ended.entry(cause.kind()).or_default() += 1;
+        self.metrics.manager_up.set(0);
+        self.metrics
+            .cycles_total
+            .with_label_values(&[cause.kind().as_str()])
+            .inc();
+        if let Some(wait) = next {
+            status.phase = Phase::BackingOff;
+            status.backoff = Some(wait);
+            self.metrics.backoff_seconds.set(wait.as_secs_f64());
+        }
+    }
+
+    pub(crate) fn stopped(&self) {
+        let mut status = self.lock();
+        status.phase = Phase::Stopped;
+        status.manager_up = false;
+        status.backoff = None;
+        self.metrics.manager_up.set(0);
+        self.metrics.backoff_seconds.set(0.0);
+    }
+}

@@ -1,0 +1,338 @@
+//! The cycle loop.
+
+use std::any::Any;
+use std::panic::AssertUnwindSafe;
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::FutureExt as _;
+use prometheus::Registry;
+use tokio::time::{Instant, MissedTickBehavior};
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument as _, debug, error, info, info_span, warn};
+
+use crate::factory::error_chain;
+use crate::metrics::Metrics;
+use crate::state::{State, Status};
+use crate::{
+    Backoff, BackoffConfig, Cause, CycleToken, Error, ManagerError, ManagerFactory, Result,
+};
+
+/// Settings of the cycle loop.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SupervisorConfig {
+    /// The wait between cycles. See [`BackoffConfig`] for its defaults.
+    pub backoff: BackoffConfig,
+    /// A cycle that lived at least this long resets the backoff. Default 60s,
+    /// the shim's value: twice the backoff cap, so a remote that is down for
+    /// good never resets it.
+    pub stable_after: Duration,
+    /// How long the manager has to return at shutdown. Default 30s, the
+    /// Kubernetes default `terminationGracePeriodSeconds`.
+    pub shutdown_grace: Duration,
+    /// How often the loop records its heartbeat while it waits. Default 1s.
+    /// `/healthz` fails when the heartbeat is older than a few of these.
+    pub heartbeat: Duration,
+}
+
+impl Default for SupervisorConfig {
+    fn default() -> Self {
+        Self {
+            backoff: BackoffConfig::default(),
+            stable_after: Duration::from_secs(60),
+            shutdown_grace: Duration::from_secs(30),
+            heartbeat: Duration::from_secs(1),
+        }
+    }
+}
+
+impl SupervisorConfig {
+    /// Sets the backoff between cycles.
+    #[must_use]
+    pub fn with_backoff(mut self, backoff: BackoffConfig) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// Sets the lifetime after which a cycle counts as stable.
+    #[must_use]
+    pub fn with_stable_after(mut self, stable_after: Duration) -> Self {
+        self.stable_after = stable_after;
+        self
+    }
+
+    /// Sets the manager's grace period at shutdown.
+    #[must_use]
+    pub fn with_shutdown_grace(mut self, shutdown_grace: Duration) -> Self {
+        self.shutdown_grace = shutdown_grace;
+        self
+    }
+
+    /// Sets the heartbeat interval.
+    #[must_use]
+    pub fn with_heartbeat(mut self, heartbeat: Duration) -> Self {
+        self.heartbeat = heartbeat;
+        self
+    }
+
+    /// Checks that the settings are in range.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] naming the first field out of range.
+    pub fn validate(&self) -> Result<()> {
+        self.backoff.validate()?;
+        if self.heartbeat.is_zero() {
+            return Err(Error::InvalidConfig {
+                field: "heartbeat",
+                reason: "must be greater than zero".to_owned(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// How [`Supervisor::run`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub enum ShutdownOutcome {
+    /// The manager returned within the grace period, or none was running.
+    Clean,
+    /// The manager overran the grace period and was dropped.
+    GraceExceeded,
+}
+
+/// A cheap, cloneable view of a running supervisor, for the admin server.
+#[derive(Debug, Clone)]
+pub struct SupervisorHandle {
+    state: Arc<State>,
+}
+
+impl SupervisorHandle {
+    /// The supervisor's state now.
+    #[must_use]
+    pub fn status(&self) -> Status {
+        self.state.snapshot()
+    }
+}
+
+/// Builds a manager once per cycle and rebuilds it, with backoff, whenever a
+/// cycle ends, until the root token is cancelled.
+#[derive(Debug)]
+pub struct Supervisor<F> {
+    factory: F,
+    config: SupervisorConfig,
+    state: Arc<State>,
+}
+
+/// How a cycle's run ended, as the loop needs to know it.
+enum CycleEnd {
+    /// The manager returned; build the next cycle.
+    Returned,
+    /// Root was cancelled; stop, reporting whether the grace was kept.
+    Shutdown(ShutdownOutcome),
+}
+
+impl<F: ManagerFactory> Supervisor<F> {
+    /// A supervisor for `factory`, with its metrics registered in `registry`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] if `config` is out of range, and
+    /// [`Error::RegisterMetrics`] if the metrics' names are already taken in
+    /// `registry`.
+    pub fn new(factory: F, config: SupervisorConfig, registry: &Registry) -> Result<Self> {
+        config.validate()?;
+        let metrics = Metrics::register(registry).map_err(Error::RegisterMetrics)?;
+        Ok(Self {
+            factory,
+            config,
+            state: Arc::new(State::new(metrics)),
+        })
+    }
+
+    /// A view of this supervisor's state that outlives [`run`](Self::run).
+    #[must_use]
+    pub fn handle(&self) -> SupervisorHandle {
+        SupervisorHandle {
+            state: Arc::clone(&self.state),
+        }
+    }
+
+    /// Runs cycles until `root` is cancelled.
+    ///
+    /// Each cycle gets a fresh child token of `root`. After a cycle ends, for
+    /// any cause but shutdown, the loop waits a backoff and builds again. When
+    /// `root` is cancelled, the running manager has `shutdown_grace` to
+    /// return; a wait in progress is cut short.
+    ///
+    /// # Cancellation safety
+    ///
+    /// Not meant to be dropped: cancel `root` instead and await the outcome.
+    /// Dropping the future drops the running manager's future with it.
+    pub async fn run(self, root: CancellationToken) -> ShutdownOutcome {
+        self.cycles(&root)
+            .instrument(info_span!("supervisor"))
+            .await
+    }
+
+    async fn cycles(&self, root: &CancellationToken) -> ShutdownOutcome {
+        let mut backoff = Backoff::new(self.config.backoff);
+        for number in 1.. {
+            if root.is_cancelled() {
+                break;
+            }
+            let cycle = CycleToken::with_state(number, root, Some(Arc::clone(&self.state)));
+            let started = Instant::now();
+            self.state.cycle_started(number, started);
+            info!(cycle = number, "cycle starting");
+
+            let end = self
+                .run_cycle(&cycle, root)
+                .instrument(info_span!("cycle", cycle = number))
+                .await;
+            let lifetime = started.elapsed();
+            let cause = cycle
+                .cause()
+                .cloned()
+                .expect("run_cycle cancels the cycle with a cause on every path");
+
+            if let CycleEnd::Shutdown(outcome) = end {
+                self.state.cycle_ended(&cause, lifetime, None);
+                info!(cycle = number, %cause, ?lifetime, ?outcome, "cycle ended; supervisor stopping");
+                self.state.stopped();
+                return outcome;
+            }
+
+            if lifetime >= self.config.stable_after {
+                backoff.reset();
+            }
+            let wait = backoff.next_delay();
+            self.state.cycle_ended(&cause, lifetime, Some(wait));
+            info!(cycle = number, %cause, ?lifetime, next_backoff = ?wait, "cycle ended");
+
+            let waited = self
+                .beat_while(async {
+                    tokio::select! {
+                        () = tokio::time::sleep(wait) => true,
+                        () = root.cancelled() => false,
+                    }
+                })
+                .await;
+            if !waited {
+                info!("shutdown during backoff; supervisor stopping");
+                break;
+            }
+        }
+        self.state.stopped();
+        ShutdownOutcome::Clean
+    }
+
+    /// Runs one manager to its end, and leaves `cycle` cancelled with a cause.
+    async fn run_cycle(&self, cycle: &CycleToken, root: &CancellationToken) -> CycleEnd {
+        let mut run = pin!(AssertUnwindSafe(self.factory.run(cycle.clone())).catch_unwind());
+        let finished = self
+            .beat_while(async {
+                tokio::select! {
+                    biased;
+                    out = &mut run => Some(out),
+                    () = root.cancelled() => None,
+                }
+            })
+            .await;
+
+        // A manager that returned because root's cancel reached it is part of
+        // the shutdown too, so decide by root, not by which branch won.
+        let shutting_down = root.is_cancelled();
+        if shutting_down {
+            cycle.cancel(Cause::Shutdown);
+            self.state.shutting_down();
+        }
+        let out = if let Some(out) = finished {
+            Some(out)
+        } else {
+            let grace = self.config.shutdown_grace;
+            info!(?grace, "shutting down; waiting for the manager to return");
+            let out = self
+                .beat_while(tokio::time::timeout(grace, &mut run))
+                .await
+                .ok();
+            if out.is_none() {
+                error!(
+                    ?grace,
+                    "the manager did not return within the shutdown grace period"
+                );
+            }
+            out
+        };
+        let returned = out.is_some();
+        if let Some(out) = out {
+            record_outcome(cycle, out);
+        }
+        match (shutting_down, returned) {
+            (false, _) => CycleEnd::Returned,
+            (true, true) => CycleEnd::Shutdown(ShutdownOutcome::Clean),
+            (true, false) => CycleEnd::Shutdown(ShutdownOutcome::GraceExceeded),
+        }
+    }
+
+    /// Awaits `work`, recording a heartbeat every `heartbeat` meanwhile.
+    ///
+    /// The beats run in the loop's own task, so a manager that blocks the
+    /// thread stops them, and `/healthz` notices.
+    async fn beat_while<T>(&self, work: impl Future<Output = T>) -> T {
+        let mut work = pin!(work);
+        let mut ticks = tokio::time::interval(self.config.heartbeat);
+        ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                biased;
+                out = &mut work => return out,
+                _ = ticks.tick() => self.state.beat(),
+            }
+        }
+    }
+}
+
+/// Cancels `cycle` with the cause its manager's return implies. When an
+/// earlier cause already won, the return is only logged.
+fn record_outcome(
+    cycle: &CycleToken,
+    out: std::thread::Result<std::result::Result<(), ManagerError>>,
+) {
+    match out {
+        Ok(Ok(())) => {
+            if cycle.cancel(Cause::ManagerExited) {
+                warn!("the manager returned without being cancelled");
+            }
+        }
+        Ok(Err(err)) => {
+            let chain = error_chain(&err);
+            let error = err.source_chain();
+            let cause = match &err {
+                ManagerError::BuildFailed(_) => Cause::BuildFailed { error },
+                ManagerError::Failed(_) => Cause::ManagerFailed { error },
+            };
+            let kind = cause.kind();
+            if cycle.cancel(cause) {
+                warn!(cause = %kind, error = %chain, "the manager ended with an error");
+            } else {
+                debug!(error = %chain, "the manager returned an error after its cycle was cancelled");
+            }
+        }
+        Err(payload) => {
+            let message = panic_message(payload.as_ref());
+            error!(panic = %message, "the manager panicked");
+            cycle.cancel(Cause::ManagerPanicked { message });
+        }
+    }
+}
+
+fn panic_message(payload: &(dyn Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic payload that is not a string".to_owned())
+}
