@@ -1,8 +1,85 @@
 //! A simulated Kubernetes apiserver for tether's tests and `tether demo`.
 //!
-//! It will speak the real protocol over real sockets (list and watch,
-//! bookmarks, `resourceVersion`, `/readyz`, TLS, bearer tokens) and inject
-//! socket-level faults. It depends on no tether crate, so every crate can use
-//! it as a dev-dependency. It has no code yet: that is the work of its own
-//! issue.
+//! It speaks the real protocol over real sockets, faithfully enough that the
+//! real `kubectl` and kube-rs watchers work against it:
+//!
+//! - health and discovery: `/readyz`, `/livez`, `/healthz` (with
+//!   `?verbose`), `/version`, `/api`, `/api/v1`, `/apis`,
+//!   `/apis/coordination.k8s.io/v1`;
+//! - Namespaces (seeded, read-only), ConfigMaps and Leases from an in-memory
+//!   store with a monotonically increasing `resourceVersion`: get, list
+//!   (with `limit`, `continue`, `labelSelector` and
+//!   `fieldSelector=metadata.name=`), watch (with `resourceVersion`,
+//!   `allowWatchBookmarks`, `timeoutSeconds`, `sendInitialEvents`, and a 410
+//!   `Expired` for a version older than the history), and create, update and
+//!   delete of ConfigMaps and Leases;
+//! - errors as `Status` objects; HTTP or HTTPS with a CA of its own;
+//!   optional bearer tokens.
+//!
+//! [`Fault`]s switch at run time, and act at the socket level the way the
+//! real failure does. [`serve_control`] exposes them over HTTP for the
+//! `fake-apiserver` binary.
+//!
+//! It depends on no tether crate, so every crate can use it as a
+//! dev-dependency, and `tether demo` can embed it.
+//!
+//! ```no_run
+//! use tether_testkit::{ApiServer, Fault, Options};
+//!
+//! # async fn example() -> tether_testkit::Result<()> {
+//! let server = ApiServer::start(Options::default().tls(true).token("t0ken")).await?;
+//! server.kubeconfig().write(std::path::Path::new("/tmp/kubeconfig"))?;
+//! server.set_fault(Fault::Refuse).await?;
+//! # Ok(())
+//! # }
+//! ```
 #![deny(missing_docs)]
+
+mod api;
+mod control;
+mod fault;
+mod kubeconfig;
+mod resource;
+mod selector;
+mod server;
+mod status;
+mod store;
+mod tls;
+
+pub use crate::control::serve_control;
+pub use crate::fault::{Fault, parse_duration};
+pub use crate::kubeconfig::Kubeconfig;
+pub use crate::resource::Resource;
+pub use crate::server::{ApiServer, Options, Restart, Stats};
+
+/// What can go wrong when running a simulated apiserver.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The listen address could not be bound.
+    #[error("binding {addr} failed")]
+    Bind {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A certificate could not be generated.
+    #[error("generating a certificate failed")]
+    Tls(#[source] rcgen::Error),
+    /// rustls rejected the TLS configuration.
+    #[error("configuring TLS failed")]
+    Rustls(#[source] rustls::Error),
+    /// The server cannot do that in its configuration.
+    #[error("{0}")]
+    Unsupported(&'static str),
+    /// The store rejected an object.
+    #[error("the object was rejected: {0}")]
+    Api(String),
+    /// A file could not be written.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+/// The result type of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,629 @@
+//! The simulated apiserver: a listener, its connections, and the faults that
+//! act on them.
+//!
+//! # Invariants
+//!
+//! - Every connection's kill switch is a child of the current connection
+//!   generation. A fault that ends open connections cancels the generation
+//!   and starts a new one, so it reaches every connection open at that
+//!   moment and none accepted after.
+//! - A killed connection is reset (`SO_LINGER` 0), not closed politely: a
+//!   deleted cluster does not say goodbye.
+//! - While the fault is `refuse`, no listener exists, so the kernel refuses
+//!   connections. Leaving `refuse` binds the same port again.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::os::fd::AsFd as _;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use http::HeaderMap;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use rustls::ServerConfig;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use crate::store::Store;
+use crate::tls::Identity;
+use crate::{Error, Fault, Kubeconfig, Resource, Result};
+
+/// How to start a simulated apiserver.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The address to listen on. Default `127.0.0.1:0`, an ephemeral port.
+    pub addr: SocketAddr,
+    /// Serve HTTPS with a CA of the server's own. Default `false`.
+    pub tls: bool,
+    /// Require this bearer token. Default: none.
+    pub token: Option<String>,
+    /// Whether `/readyz`, `/livez` and `/healthz` answer without a token, as
+    /// the apiserver's `system:public-info-viewer` role allows. Default `true`.
+    pub anonymous_health: bool,
+    /// How often a watch that allows bookmarks gets one. Default 60s, about
+    /// what the apiserver does.
+    pub bookmark_interval: Duration,
+    /// Extra names and addresses the serving certificate is valid for.
+    pub extra_names: Vec<String>,
+    /// The name of the cluster in kubeconfigs. Default `fake`.
+    pub name: String,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            tls: false,
+            token: None,
+            anonymous_health: true,
+            bookmark_interval: Duration::from_secs(60),
+            extra_names: Vec::new(),
+            name: "fake".to_owned(),
+        }
+    }
+}
+
+impl Options {
+    /// Sets the listen address.
+    #[must_use]
+    pub fn addr(mut self, addr: SocketAddr) -> Self {
+        self.addr = addr;
+        self
+    }
+
+    /// Serves HTTPS.
+    #[must_use]
+    pub fn tls(mut self, tls: bool) -> Self {
+        self.tls = tls;
+        self
+    }
+
+    /// Requires a bearer token.
+    #[must_use]
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    /// Sets whether health endpoints answer without a token.
+    #[must_use]
+    pub fn anonymous_health(mut self, anonymous: bool) -> Self {
+        self.anonymous_health = anonymous;
+        self
+    }
+
+    /// Sets the bookmark interval.
+    #[must_use]
+    pub fn bookmark_interval(mut self, interval: Duration) -> Self {
+        self.bookmark_interval = interval;
+        self
+    }
+
+    /// Sets the cluster's name in kubeconfigs.
+    #[must_use]
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// Adds a name or address to the serving certificate.
+    #[must_use]
+    pub fn extra_name(mut self, name: impl Into<String>) -> Self {
+        self.extra_names.push(name.into());
+        self
+    }
+}
+
+/// How [`ApiServer::restart`] brings the server back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Restart {
+    /// The same CA, token and objects: a process restart.
+    SameIdentity,
+    /// A recreated cluster: a new CA and token, and an empty store whose
+    /// resource versions start a new epoch.
+    Recreated,
+}
+
+/// Counts and facts about a running server, for assertions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stats {
+    /// Requests received, by path (without the query); watches count under
+    /// `<path>?watch`.
+    pub requests: BTreeMap<String, u64>,
+    /// Connections open now.
+    pub open_connections: usize,
+    /// Watch streams open now.
+    pub open_watches: usize,
+    /// The store's current resource version.
+    pub resource_version: u64,
+}
+
+#[derive(Debug)]
+struct State {
+    fault: Fault,
+    flap_position: usize,
+    identity: Option<Identity>,
+    mismatched: Option<Identity>,
+    token: Option<String>,
+    generation: CancellationToken,
+    acceptor: Option<JoinHandle<()>>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Shared {
+    options: Options,
+    addr: SocketAddr,
+    store: Store,
+    state: Mutex<State>,
+    requests: Mutex<BTreeMap<String, u64>>,
+    open_connections: AtomicUsize,
+    pub(crate) open_watches: AtomicUsize,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Critical sections only assign fields; a poisoned lock is consistent.
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn new_token() -> String {
+    format!("tether-{:016x}", fastrand::u64(..))
+}
+
+impl Shared {
+    fn state(&self) -> MutexGuard<'_, State> {
+        lock(&self.state)
+    }
+
+    pub(crate) fn store(&self) -> &Store {
+        &self.store
+    }
+
+    pub(crate) fn fault(&self) -> Fault {
+        self.state().fault.clone()
+    }
+
+    /// Steps the flap script; returns whether this tick is up.
+    pub(crate) fn advance_flap(&self) -> bool {
+        let mut state = self.state();
+        let position = state.flap_position;
+        state.flap_position += 1;
+        match &state.fault {
+            Fault::Flap(steps) if !steps.is_empty() => steps[position % steps.len()],
+            _ => true,
+        }
+    }
+
+    pub(crate) fn anonymous_health(&self) -> bool {
+        self.options.anonymous_health
+    }
+
+    pub(crate) fn bookmark_interval(&self) -> Duration {
+        self.options.bookmark_interval
+    }
+
+    pub(crate) fn authorized(&self, headers: &HeaderMap) -> bool {
+        let state = self.state();
+        let Some(token) = &state.token else {
+            return true;
+        };
+        headers
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .is_some_and(|given| given == token)
+    }
+
+    pub(crate) fn count_request(&self, path: &str) {
+        *lock(&self.requests).entry(path.to_owned()).or_default() += 1;
+    }
+
+    /// Resets every open connection and starts a new generation.
+    fn kill_connections(state: &mut State) {
+        state.generation.cancel();
+        state.generation = CancellationToken::new();
+    }
+
+    fn stop_listening(state: &mut State) -> Option<JoinHandle<()>> {
+        let acceptor = state.acceptor.take();
+        if let Some(task) = &acceptor {
+            task.abort();
+        }
+        acceptor
+    }
+}
+
+/// A running simulated apiserver. Cloning gives another handle to the same
+/// server; the server stops when the last handle is dropped.
+#[derive(Debug, Clone)]
+pub struct ApiServer {
+    shared: Arc<Shared>,
+    _stop: Arc<StopOnDrop>,
+}
+
+#[derive(Debug)]
+struct StopOnDrop(Arc<Shared>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        let mut state = self.0.state();
+        Shared::stop_listening(&mut state);
+        Shared::kill_connections(&mut state);
+    }
+}
+
+async fn bind(addr: SocketAddr) -> Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| Error::Bind { addr, source })
+}
+
+impl ApiServer {
+    /// Starts a server with `options`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Bind`] if the address is taken, and [`Error::Tls`] or
+    /// [`Error::Rustls`] if the certificates cannot be made.
+    pub async fn start(options: Options) -> Result<Self> {
+        let listener = bind(options.addr).await?;
+        let addr = listener.local_addr().map_err(|source| Error::Bind {
+            addr: options.addr,
+            source,
+        })?;
+        let identity = if options.tls {
+            Some(Identity::generate(
+                &format!("{}-ca", options.name),
+                &options.extra_names,
+            )?)
+        } else {
+            None
+        };
+        let shared = Arc::new(Shared {
+            addr,
+            store: Store::new(),
+            state: Mutex::new(State {
+                fault: Fault::Up,
+                flap_position: 0,
+                identity,
+                mismatched: None,
+                token: options.token.clone(),
+                generation: CancellationToken::new(),
+                acceptor: None,
+            }),
+            requests: Mutex::default(),
+            open_connections: AtomicUsize::new(0),
+            open_watches: AtomicUsize::new(0),
+            options,
+        });
+        shared.state().acceptor = Some(tokio::spawn(accept_loop(Arc::clone(&shared), listener)));
+        Ok(Self {
+            _stop: Arc::new(StopOnDrop(Arc::clone(&shared))),
+            shared,
+        })
+    }
+
+    /// The address the server listens on.
+    #[must_use]
+    pub fn addr(&self) -> SocketAddr {
+        self.shared.addr
+    }
+
+    /// The server's URL, `http(s)://127.0.0.1:<port>`.
+    #[must_use]
+    pub fn url(&self) -> String {
+        let scheme = if self.shared.options.tls {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://{}", self.shared.addr)
+    }
+
+    /// The current CA certificate (PEM), for HTTPS servers.
+    #[must_use]
+    pub fn ca_pem(&self) -> Option<String> {
+        self.shared
+            .state()
+            .identity
+            .as_ref()
+            .map(|i| i.ca_pem.clone())
+    }
+
+    /// The current bearer token, if one is required.
+    #[must_use]
+    pub fn token(&self) -> Option<String> {
+        self.shared.state().token.clone()
+    }
+
+    /// A kubeconfig that reaches the server as it is now.
+    #[must_use]
+    pub fn kubeconfig(&self) -> Kubeconfig {
+        Kubeconfig {
+            name: self.shared.options.name.clone(),
+            server: self.url(),
+            ca_pem: self.ca_pem(),
+            token: self.token(),
+        }
+    }
+
+    /// The fault in force.
+    #[must_use]
+    pub fn fault(&self) -> Fault {
+        self.shared.fault()
+    }
+
+    /// Switches to `fault`. When this returns, the fault is in force for new
+    /// connections, and open ones are reset if the fault ends them.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Bind`] if leaving `refuse` cannot bind the port again, and
+    /// [`Error::Unsupported`] for `tls_mismatch` on a plain-HTTP server.
+    ///
+    /// # Cancellation safety
+    ///
+    /// Not cancel safe: dropped while leaving `refuse`, the server may stay
+    /// without a listener until the next call.
+    pub async fn set_fault(&self, fault: Fault) -> Result<()> {
+        if fault == Fault::TlsMismatch && !self.shared.options.tls {
+            return Err(Error::Unsupported(
+                "tls_mismatch needs a server started with TLS",
+            ));
+        }
+        let stopped = {
+            let mut state = self.shared.state();
+            if fault == Fault::TlsMismatch && state.mismatched.is_none() {
+                state.mismatched = Some(Identity::generate(
+                    "impostor-ca",
+                    &self.shared.options.extra_names,
+                )?);
+            }
+            state.fault = fault.clone();
+            state.flap_position = 0;
+            if fault.kills_connections() {
+                Shared::kill_connections(&mut state);
+            }
+            if fault == Fault::Refuse {
+                Shared::stop_listening(&mut state)
+            } else {
+                None
+            }
+        };
+        if let Some(task) = stopped {
+            // Wait until the task, and with it the listener, is gone.
+            let _ = task.await;
+        }
+        if fault != Fault::Refuse {
+            self.ensure_listening().await?;
+        }
+        debug!(server = %self.shared.addr, %fault, "fault set");
+        Ok(())
+    }
+
+    async fn ensure_listening(&self) -> Result<()> {
+        if self.shared.state().acceptor.is_some() {
+            return Ok(());
+        }
+        let listener = bind(self.shared.addr).await?;
+        let task = tokio::spawn(accept_loop(Arc::clone(&self.shared), listener));
+        let previous = self.shared.state().acceptor.replace(task);
+        if let Some(previous) = previous {
+            previous.abort();
+        }
+        Ok(())
+    }
+
+    /// Restarts the server on the same port: connections are reset, and the
+    /// server comes back `up`, as itself or as a recreated cluster.
+    ///
+    /// # Errors
+    ///
+    /// As for [`set_fault`](Self::set_fault), and [`Error::Tls`] if new
+    /// certificates cannot be made.
+    ///
+    /// # Cancellation safety
+    ///
+    /// Not cancel safe, as [`set_fault`](Self::set_fault).
+    pub async fn restart(&self, how: Restart) -> Result<()> {
+        self.set_fault(Fault::Refuse).await?;
+        if how == Restart::Recreated {
+            let identity = if self.shared.options.tls {
+                Some(Identity::generate(
+                    &format!("{}-ca", self.shared.options.name),
+                    &self.shared.options.extra_names,
+                )?)
+            } else {
+                None
+            };
+            let mut state = self.shared.state();
+            state.identity = identity;
+            state.mismatched = None;
+            if state.token.is_some() {
+                state.token = Some(new_token());
+            }
+            self.shared.store.recreate();
+        }
+        self.set_fault(Fault::Up).await
+    }
+
+    /// Creates or replaces an object, as an API client would, and returns it
+    /// as stored.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Api`] if the store rejects it (a missing name or namespace).
+    pub fn put(
+        &self,
+        resource: Resource,
+        namespace: &str,
+        object: serde_json::Value,
+    ) -> Result<serde_json::Value> {
+        let name = object["metadata"]["name"]
+            .as_str()
+            .ok_or_else(|| Error::Api("metadata.name is required".to_owned()))?
+            .to_owned();
+        if resource.namespaced() && !self.shared.store.namespace_exists(namespace) {
+            return Err(Error::Api(format!(
+                "namespace {namespace:?} does not exist"
+            )));
+        }
+        let kind = if self.shared.store.get(resource, namespace, &name).is_some() {
+            crate::store::EventType::Modified
+        } else {
+            crate::store::EventType::Added
+        };
+        let mut object = object;
+        if let Some(metadata) = object["metadata"].as_object_mut() {
+            metadata.remove("resourceVersion");
+        }
+        self.shared
+            .store
+            .write(resource, namespace, &name, object, kind)
+            .map_err(|e| Error::Api(e.message))
+    }
+
+    /// Deletes an object; returns whether it existed.
+    #[must_use = "a delete of an object that does not exist is usually a test bug"]
+    pub fn delete(&self, resource: Resource, namespace: &str, name: &str) -> bool {
+        self.shared
+            .store
+            .write(
+                resource,
+                namespace,
+                name,
+                serde_json::Value::Null,
+                crate::store::EventType::Deleted,
+            )
+            .is_ok()
+    }
+
+    /// Requests, connections and watches, as counted now.
+    #[must_use]
+    pub fn stats(&self) -> Stats {
+        Stats {
+            requests: lock(&self.shared.requests).clone(),
+            open_connections: self.shared.open_connections.load(Ordering::SeqCst),
+            open_watches: self.shared.open_watches.load(Ordering::SeqCst),
+            resource_version: self.shared.store.rv(),
+        }
+    }
+
+    /// How many requests `path` has received.
+    #[must_use]
+    pub fn requests(&self, path: &str) -> u64 {
+        lock(&self.shared.requests).get(path).copied().unwrap_or(0)
+    }
+}
+
+async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(err) => {
+                // Out of descriptors and the like: back off, then go on.
+                warn!(error = %err, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let (fault, kill, tls) = {
+            let state = shared.state();
+            let identity = if state.fault == Fault::TlsMismatch {
+                state.mismatched.as_ref()
+            } else {
+                state.identity.as_ref()
+            };
+            (
+                state.fault.clone(),
+                state.generation.child_token(),
+                identity.map(|i| Arc::clone(&i.server_config)),
+            )
+        };
+        tokio::spawn(serve_connection(
+            Arc::clone(&shared),
+            stream,
+            fault,
+            kill,
+            tls,
+        ));
+    }
+}
+
+/// Counts a connection as open for as long as it lives.
+struct OpenConnection(Arc<Shared>);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.open_connections.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+async fn serve_connection(
+    shared: Arc<Shared>,
+    stream: TcpStream,
+    fault: Fault,
+    kill: CancellationToken,
+    tls: Option<Arc<ServerConfig>>,
+) {
+    shared.open_connections.fetch_add(1, Ordering::SeqCst);
+    let _open = OpenConnection(Arc::clone(&shared));
+    let _ = stream.set_nodelay(true);
+    // A second handle on the socket, so it can be reset after hyper owns it.
+    let Ok(socket) = stream
+        .as_fd()
+        .try_clone_to_owned()
+        .map(socket2::Socket::from)
+    else {
+        return;
+    };
+    let reset = || {
+        let _ = socket.set_linger(Some(Duration::ZERO));
+    };
+    match fault {
+        Fault::Reset => return reset(),
+        Fault::Hang => {
+            kill.cancelled().await;
+            return reset();
+        }
+        _ => {}
+    }
+
+    let service = {
+        let kill = kill.clone();
+        service_fn(move |req| {
+            let shared = Arc::clone(&shared);
+            let kill = kill.clone();
+            async move { Ok::<_, std::convert::Infallible>(crate::api::handle(shared, kill, req).await) }
+        })
+    };
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new());
+    let served = async {
+        match tls {
+            Some(config) => match TlsAcceptor::from(config).accept(stream).await {
+                Ok(tls) => http.serve_connection(TokioIo::new(tls), service).await,
+                Err(err) => {
+                    debug!(error = %err, "TLS handshake failed");
+                    Ok(())
+                }
+            },
+            None => http.serve_connection(TokioIo::new(stream), service).await,
+        }
+    };
+    tokio::select! {
+        result = served => {
+            if let Err(err) = result {
+                debug!(error = %err, "connection ended with an error");
+            }
+        }
+        () = kill.cancelled() => reset(),
+    }
+}

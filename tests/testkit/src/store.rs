@@ -1,0 +1,448 @@
+//! The in-memory object store: objects, a monotonically increasing
+//! `resourceVersion`, and a bounded event history that watches resume from.
+//!
+//! # Invariants
+//!
+//! - Every mutation takes the next `resourceVersion` and appends one event to
+//!   the history, then broadcasts it, all under the store's lock: a watch
+//!   that snapshots the history and subscribes under the same lock sees every
+//!   event exactly once.
+//! - A watch may resume from any version at or above `oldest`; older ones
+//!   are `410 Expired`, as after an etcd compaction.
+//! - A new epoch (a "recreated cluster") starts versions far above every
+//!   earlier one and moves `oldest` there, so every old version has expired.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde_json::{Value, json};
+use tokio::sync::broadcast;
+
+use crate::Resource;
+use crate::status::ApiError;
+
+/// How many events a watch can resume across.
+const HISTORY: usize = 10_000;
+/// The distance between epochs' first versions.
+const EPOCH_SPAN: u64 = 1_000_000_000;
+/// Namespaces every cluster starts with.
+const SEED_NAMESPACES: [&str; 4] = ["default", "kube-node-lease", "kube-public", "kube-system"];
+
+/// The type of a watch event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EventType {
+    Added,
+    Modified,
+    Deleted,
+}
+
+impl EventType {
+    pub(crate) const fn as_str(self) -> &'static str {
+        match self {
+            Self::Added => "ADDED",
+            Self::Modified => "MODIFIED",
+            Self::Deleted => "DELETED",
+        }
+    }
+}
+
+/// One change to the store.
+#[derive(Debug)]
+pub(crate) struct Event {
+    pub(crate) kind: EventType,
+    pub(crate) resource: Resource,
+    pub(crate) object: Value,
+    pub(crate) rv: u64,
+}
+
+type Key = (Resource, String, String);
+
+#[derive(Debug)]
+struct Inner {
+    epoch: u64,
+    rv: u64,
+    oldest: u64,
+    uids: u64,
+    objects: BTreeMap<Key, Value>,
+    history: VecDeque<Arc<Event>>,
+}
+
+/// Where a new watch starts.
+pub(crate) struct WatchStart {
+    /// Events after the requested version, or the current objects as
+    /// `ADDED` when no version was given.
+    pub(crate) backlog: Vec<Arc<Event>>,
+    /// Everything after `rv`.
+    pub(crate) live: broadcast::Receiver<Arc<Event>>,
+    /// The store's version when the watch started.
+    pub(crate) rv: u64,
+}
+
+#[derive(Debug)]
+pub(crate) struct Store {
+    inner: Mutex<Inner>,
+    events: broadcast::Sender<Arc<Event>>,
+}
+
+fn now_rfc3339() -> String {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let days = i64::try_from(secs / 86_400).unwrap_or(0);
+    let rem = secs % 86_400;
+    // Howard Hinnant's days-to-civil algorithm.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+impl Store {
+    pub(crate) fn new() -> Self {
+        // Room for every watcher to fall this far behind before it is cut
+        // off and has to re-watch.
+        let (events, _) = broadcast::channel(1024);
+        let store = Self {
+            inner: Mutex::new(Inner {
+                epoch: 0,
+                rv: 0,
+                oldest: 0,
+                uids: 0,
+                objects: BTreeMap::new(),
+                history: VecDeque::new(),
+            }),
+            events,
+        };
+        store.seed();
+        store
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn seed(&self) {
+        for name in SEED_NAMESPACES {
+            let object = json!({"metadata": {"name": name}, "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}});
+            self.write(Resource::Namespace, "", name, object, EventType::Added)
+                .expect("seeding an empty store cannot conflict");
+        }
+    }
+
+    /// Forgets every object and starts a new epoch of versions.
+    pub(crate) fn recreate(&self) {
+        {
+            let mut inner = self.lock();
+            inner.epoch += 1;
+            inner.rv = inner.epoch * EPOCH_SPAN;
+            inner.oldest = inner.rv;
+            inner.objects.clear();
+            inner.history.clear();
+        }
+        self.seed();
+    }
+
+    pub(crate) fn rv(&self) -> u64 {
+        self.lock().rv
+    }
+
+    pub(crate) fn get(&self, resource: Resource, namespace: &str, name: &str) -> Option<Value> {
+        let key = (resource, namespace.to_owned(), name.to_owned());
+        self.lock().objects.get(&key).cloned()
+    }
+
+    /// The objects of `resource` (in `namespace`, if given) after `after`
+    /// (a key from a continue token), in key order, and the current version.
+    pub(crate) fn list(
+        &self,
+        resource: Resource,
+        namespace: Option<&str>,
+        after: Option<(&str, &str)>,
+    ) -> (Vec<Value>, u64) {
+        let inner = self.lock();
+        let items = inner
+            .objects
+            .iter()
+            .filter(|((r, ns, name), _)| {
+                *r == resource
+                    && namespace.is_none_or(|want| want == ns)
+                    && after.is_none_or(|(ans, aname)| (ns.as_str(), name.as_str()) > (ans, aname))
+            })
+            .map(|(_, object)| object.clone())
+            .collect();
+        (items, inner.rv)
+    }
+
+    pub(crate) fn namespace_exists(&self, namespace: &str) -> bool {
+        self.get(Resource::Namespace, "", namespace).is_some()
+    }
+
+    /// Creates, updates or deletes one object and records the event.
+    ///
+    /// For `Added` the object must not exist; for `Modified` and `Deleted` it
+    /// must, and a `metadata.resourceVersion` in `object` must match.
+    pub(crate) fn write(
+        &self,
+        resource: Resource,
+        namespace: &str,
+        name: &str,
+        mut object: Value,
+        kind: EventType,
+    ) -> Result<Value, ApiError> {
+        let key = (resource, namespace.to_owned(), name.to_owned());
+        let mut inner = self.lock();
+        let existing = inner.objects.get(&key).cloned();
+        match (kind, &existing) {
+            (EventType::Added, Some(_)) => {
+                return Err(ApiError::new(
+                    409,
+                    "AlreadyExists",
+                    format!("{} \"{name}\" already exists", resource.plural()),
+                ));
+            }
+            (EventType::Modified | EventType::Deleted, None) => {
+                return Err(ApiError::not_found(resource.plural(), name));
+            }
+            (EventType::Modified, Some(current)) => {
+                let wanted = object["metadata"]["resourceVersion"].as_str().unwrap_or("");
+                let have = current["metadata"]["resourceVersion"]
+                    .as_str()
+                    .unwrap_or("");
+                if !wanted.is_empty() && wanted != have {
+                    return Err(ApiError::new(
+                        409,
+                        "Conflict",
+                        format!(
+                            "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
+                            resource.plural()
+                        ),
+                    ));
+                }
+            }
+            _ => {}
+        }
+        inner.rv += 1;
+        let rv = inner.rv;
+        if kind == EventType::Deleted {
+            object = existing.expect("checked above: a deleted object exists");
+            inner.objects.remove(&key);
+        } else {
+            let (uid, created) = if let Some(current) = &existing {
+                (
+                    current["metadata"]["uid"].clone(),
+                    current["metadata"]["creationTimestamp"].clone(),
+                )
+            } else {
+                inner.uids += 1;
+                let uid = format!("{:08x}-0000-4000-8000-{:012x}", inner.epoch, inner.uids);
+                (Value::from(uid), Value::from(now_rfc3339()))
+            };
+            if !object["metadata"].is_object() {
+                object["metadata"] = json!({});
+            }
+            object["apiVersion"] = Value::from(resource.api_version());
+            object["kind"] = Value::from(resource.kind());
+            let metadata = &mut object["metadata"];
+            metadata["name"] = Value::from(name);
+            if resource.namespaced() {
+                metadata["namespace"] = Value::from(namespace);
+            }
+            metadata["uid"] = uid;
+            metadata["creationTimestamp"] = created;
+        }
+        // A deleted object's last version is the deletion's, as in the
+        // apiserver.
+        object["metadata"]["resourceVersion"] = Value::from(rv.to_string());
+        if kind != EventType::Deleted {
+            inner.objects.insert(key, object.clone());
+        }
+        let event = Arc::new(Event {
+            kind,
+            resource,
+            object: object.clone(),
+            rv,
+        });
+        inner.history.push_back(Arc::clone(&event));
+        if inner.history.len() > HISTORY {
+            let dropped = inner.history.pop_front().expect("history is not empty");
+            inner.oldest = dropped.rv;
+        }
+        // Nobody watching is fine.
+        let _ = self.events.send(event);
+        Ok(object)
+    }
+
+    /// Starts a watch of `resource` after version `from`; with no version,
+    /// from the current state.
+    ///
+    /// # Errors
+    ///
+    /// `410 Expired` if `from` is older than the history reaches.
+    pub(crate) fn watch(
+        &self,
+        resource: Resource,
+        from: Option<u64>,
+    ) -> Result<WatchStart, ApiError> {
+        let inner = self.lock();
+        let backlog = match from {
+            Some(from) if from < inner.oldest => return Err(ApiError::expired(from, inner.oldest)),
+            Some(from) => inner
+                .history
+                .iter()
+                .filter(|e| e.rv > from && e.resource == resource)
+                .cloned()
+                .collect(),
+            None => inner
+                .objects
+                .iter()
+                .filter(|((r, _, _), _)| *r == resource)
+                .map(|(_, object)| {
+                    Arc::new(Event {
+                        kind: EventType::Added,
+                        resource,
+                        object: object.clone(),
+                        rv: inner.rv,
+                    })
+                })
+                .collect(),
+        };
+        Ok(WatchStart {
+            backlog,
+            live: self.events.subscribe(),
+            rv: inner.rv,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cm(name: &str) -> Value {
+        json!({"metadata": {"name": name}, "data": {"k": "v"}})
+    }
+
+    #[test]
+    fn every_write_takes_the_next_version() {
+        let store = Store::new();
+        let start = store.rv();
+        let created = store
+            .write(
+                Resource::ConfigMap,
+                "default",
+                "a",
+                cm("a"),
+                EventType::Added,
+            )
+            .expect("create");
+        assert_eq!(
+            created["metadata"]["resourceVersion"],
+            (start + 1).to_string()
+        );
+        assert_eq!(created["kind"], "ConfigMap");
+        let updated = store
+            .write(
+                Resource::ConfigMap,
+                "default",
+                "a",
+                created,
+                EventType::Modified,
+            )
+            .expect("update with the current version");
+        assert_eq!(
+            updated["metadata"]["resourceVersion"],
+            (start + 2).to_string()
+        );
+        assert_eq!(store.rv(), start + 2);
+    }
+
+    #[test]
+    fn a_stale_update_conflicts_and_a_duplicate_create_already_exists() {
+        let store = Store::new();
+        let created = store
+            .write(
+                Resource::ConfigMap,
+                "default",
+                "a",
+                cm("a"),
+                EventType::Added,
+            )
+            .expect("create");
+        store
+            .write(
+                Resource::ConfigMap,
+                "default",
+                "a",
+                created.clone(),
+                EventType::Modified,
+            )
+            .expect("update");
+        let stale = store.write(
+            Resource::ConfigMap,
+            "default",
+            "a",
+            created,
+            EventType::Modified,
+        );
+        assert_eq!(stale.expect_err("stale").reason, "Conflict");
+        let again = store.write(
+            Resource::ConfigMap,
+            "default",
+            "a",
+            cm("a"),
+            EventType::Added,
+        );
+        assert_eq!(again.expect_err("duplicate").code, 409);
+    }
+
+    #[test]
+    fn a_watch_resumes_after_its_version_and_a_new_epoch_expires_it() {
+        let store = Store::new();
+        let from = store.rv();
+        store
+            .write(
+                Resource::ConfigMap,
+                "default",
+                "a",
+                cm("a"),
+                EventType::Added,
+            )
+            .expect("create");
+        let start = store
+            .watch(Resource::ConfigMap, Some(from))
+            .expect("resumable");
+        assert_eq!(start.backlog.len(), 1);
+        assert_eq!(start.backlog[0].kind, EventType::Added);
+
+        store.recreate();
+        assert!(store.rv() > from + EPOCH_SPAN - 1);
+        let err = store
+            .watch(Resource::ConfigMap, Some(from))
+            .err()
+            .expect("expired");
+        assert_eq!(err.code, 410);
+        assert!(store.get(Resource::ConfigMap, "default", "a").is_none());
+        assert!(store.namespace_exists("default"));
+    }
+
+    #[test]
+    fn timestamps_are_rfc3339() {
+        let ts = now_rfc3339();
+        assert_eq!(ts.len(), 20, "{ts}");
+        assert!(ts.starts_with("20") && ts.ends_with('Z'), "{ts}");
+    }
+}
