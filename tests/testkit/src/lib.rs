@@ -18,7 +18,8 @@
 //!
 //! [`Fault`]s switch at run time, and act at the socket level the way the
 //! real failure does. [`serve_control`] exposes them over HTTP for the
-//! `fake-apiserver` binary.
+//! `fake-apiserver` binary. A [`TestHost`] (root only) gives a network path
+//! whose packets can be dropped, for the `blackhole` fault.
 //!
 //! It depends on no tether crate, so every crate can use it as a
 //! dev-dependency, and `tether demo` can embed it.
@@ -39,6 +40,7 @@ mod api;
 mod control;
 mod fault;
 mod kubeconfig;
+mod netns;
 mod resource;
 mod selector;
 mod server;
@@ -49,6 +51,7 @@ mod tls;
 pub use crate::control::serve_control;
 pub use crate::fault::{Fault, parse_duration};
 pub use crate::kubeconfig::Kubeconfig;
+pub use crate::netns::TestHost;
 pub use crate::resource::Resource;
 pub use crate::server::{ApiServer, Options, Restart, Stats};
 
@@ -79,6 +82,17 @@ pub enum Error {
     /// A file could not be written.
     #[error(transparent)]
     Io(#[from] std::io::Error),
+    /// A test host needs root.
+    #[error("{0}")]
+    NotRoot(&'static str),
+    /// An external command failed.
+    #[error("`{command}` failed: {reason}")]
+    Command {
+        /// The command line.
+        command: String,
+        /// Its error output, or why it could not start.
+        reason: String,
+    },
 }
 
 /// The result type of this crate.

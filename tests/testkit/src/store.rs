@@ -112,8 +112,11 @@ fn now_rfc3339() -> String {
 impl Store {
     pub(crate) fn new() -> Self {
         // Room for every watcher to fall this far behind before it is cut
-        // off and has to re-watch.
-        let (events, _) = broadcast::channel(1024);
+        // off and has to re-watch, as the apiserver cuts off slow watchers.
+        // Each slot costs memory in every server, and the scale harness runs
+        // thousands of idle servers: 256 keeps one near 37 KiB (1024 cost
+        // about 24 KiB more; see docs/benchmarks.md).
+        let (events, _) = broadcast::channel(256);
         let store = Self {
             inner: Mutex::new(Inner {
                 epoch: 0,
