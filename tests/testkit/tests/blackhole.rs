@@ -50,10 +50,13 @@ fn blackhole_drops_packets_so_only_the_clients_timeout_ends_a_request() {
         .expect("fake-apiserver starts in the test host");
     let stdout = child.stdout.take().expect("stdout is piped");
     let server = KillOnDrop(child);
+    let mut lines = BufReader::new(stdout);
     let mut first = String::new();
-    BufReader::new(stdout)
+    lines
         .read_line(&mut first)
         .expect("fake-apiserver prints where it listens");
+    // Keep draining its output, so it never writes into a closed pipe.
+    std::thread::spawn(move || std::io::copy(&mut lines, &mut std::io::sink()));
     let addr: SocketAddr = first
         .trim()
         .strip_prefix("fake-apiserver listening on http://")

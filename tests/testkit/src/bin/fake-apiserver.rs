@@ -1,6 +1,8 @@
 //! `fake-apiserver`: a simulated Kubernetes apiserver a person can point
 //! kubectl at, with a control port for fault injection.
 
+use std::fmt::Write as _;
+use std::io::Write as _;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -100,18 +102,25 @@ async fn run(args: Args) -> tether_testkit::Result<()> {
     )
     .await?;
 
-    println!("fake-apiserver listening on {}", server.url());
-    println!(
-        "control endpoint: http://{control} (GET/PUT /fault, POST /restart, POST /recreate, GET /kubeconfig, GET /stats)"
+    let mut banner = format!(
+        "fake-apiserver listening on {}\ncontrol endpoint: http://{control} (GET/PUT /fault, POST /restart, POST /recreate, GET /kubeconfig, GET /stats)\n",
+        server.url()
     );
     if let Some(path) = &args.kubeconfig_out {
         server.kubeconfig().write(path)?;
-        println!(
+        let _ = writeln!(
+            banner,
             "kubeconfig: {}  (try: kubectl --kubeconfig {} get namespaces)",
             path.display(),
             path.display()
         );
     }
+    // A reader that went away must not take the server down with it.
+    let mut stdout = std::io::stdout().lock();
+    let _ = stdout
+        .write_all(banner.as_bytes())
+        .and_then(|()| stdout.flush());
+    drop(stdout);
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
