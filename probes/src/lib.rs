@@ -1,7 +1,88 @@
 //! Reachability probes for the remote apiservers tether watches.
 //!
-//! This crate will own remote identity and dedupe, the classification of a
-//! probe result, the sustained-failure state machine, and the process-lifetime
-//! probe set with its metrics (see `DESIGN.md`, "Probe semantics"). It has no
-//! code yet: that is the work of its own issue.
+//! - **Identity.** A remote is identified by its normalized server URL, TLS
+//!   server name, CA bundle and proxy ([`Identity`]). Remotes that share an
+//!   identity are probed once, and the result is reported under each name.
+//! - **Classification.** Any HTTP answer is reachable (a rebuild cannot fix
+//!   a 401 or a 500), unless its status is listed in `unreachableStatuses`.
+//!   Only a transport failure or the deadline is unreachable, with a
+//!   [`FailureCause`]. A failure to make the probe here (credentials) is a
+//!   [`Outcome::LocalError`] and never counts toward the threshold.
+//! - **State.** A [`Tracker`] per identity moves between
+//!   [`Reachability`] states with failure and success thresholds.
+//! - **Lifetime.** The [`ProbeSet`] lives as long as the process. Reloads
+//!   call [`ProbeSet::sync`], which keeps the state of remotes that stay and
+//!   deletes the metric series of remotes that go.
+//! - **Cycles.** Transitions are published; [`next_cycle_end`] tells a cycle
+//!   when a remote it uses is lost or recovers.
+//!
+//! The crate knows kube clients and HTTP, and nothing of the manager.
+//!
+//! ```no_run
+//! use prometheus::Registry;
+//! use tether_probes::{ProbeConfig, ProbeSet, Remote};
+//!
+//! # async fn example(config: kube::Config) -> tether_probes::Result<()> {
+//! let registry = Registry::new();
+//! let probes = ProbeSet::new(ProbeConfig::default(), &registry)?;
+//! probes.sync(&[Remote::new("cluster-a", config)])?;
+//! let mut transitions = probes.handle().subscribe();
+//! # let _ = transitions.recv().await;
+//! # Ok(())
+//! # }
+//! ```
 #![deny(missing_docs)]
+
+mod classify;
+mod config;
+mod cycle;
+mod identity;
+mod metrics;
+mod probe;
+mod set;
+mod tracker;
+
+pub use crate::classify::{FailureCause, Outcome, ProbeResult, classify, root_cause};
+pub use crate::config::ProbeConfig;
+pub use crate::cycle::{CycleEnd, next_cycle_end};
+pub use crate::identity::{Identity, Remote, host_port, normalize_url};
+pub use crate::probe::{probe_client, probe_once, without_userinfo};
+pub use crate::set::{CheckRow, ProbeSet, ProbeSetHandle, RemoteStatus, Transition, check};
+pub use crate::tracker::{Reachability, Tracker};
+
+/// What can go wrong when setting up probes.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A setting is out of range.
+    #[error("{field}: {reason}")]
+    InvalidConfig {
+        /// The setting's path, such as `probe.timeout`.
+        field: &'static str,
+        /// Why the value was rejected.
+        reason: String,
+    },
+    /// A server URL cannot be normalized.
+    #[error("invalid URL: {0}")]
+    InvalidUrl(String),
+    /// A configured remote is invalid.
+    #[error("remote {name}")]
+    Remote {
+        /// The remote's configured name.
+        name: String,
+        /// What is wrong with it.
+        #[source]
+        source: Box<Error>,
+    },
+    /// Two remotes have the same name.
+    #[error("remote name {0:?} is used twice")]
+    DuplicateName(String),
+    /// kube could not build a client from a remote's configuration.
+    #[error("building the probe client failed")]
+    Client(#[source] kube::Error),
+    /// The metrics could not be registered.
+    #[error("registering the probe metrics failed")]
+    RegisterMetrics(#[source] prometheus::Error),
+}
+
+/// The result type of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

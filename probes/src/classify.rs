@@ -1,0 +1,242 @@
+//! What a probe found, and how a transport error is classified.
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::io;
+use std::time::Duration;
+
+/// Why a remote was unreachable: a closed set, used in logs and status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FailureCause {
+    /// The connection was refused: nothing listens.
+    Refused,
+    /// The connection was reset or closed mid-request.
+    Reset,
+    /// No answer within the deadline, at connect or at read.
+    Timeout,
+    /// The TLS handshake failed (an unknown CA, a wrong name).
+    Tls,
+    /// The host name did not resolve.
+    Dns,
+    /// The remote answered with a status listed in `unreachableStatuses`.
+    Status,
+    /// Any other transport failure.
+    Other,
+}
+
+impl FailureCause {
+    /// The `snake_case` name.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Refused => "refused",
+            Self::Reset => "reset",
+            Self::Timeout => "timeout",
+            Self::Tls => "tls",
+            Self::Dns => "dns",
+            Self::Status => "status",
+            Self::Other => "other",
+        }
+    }
+}
+
+impl fmt::Display for FailureCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What one probe found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The remote answered with an HTTP status. A rebuild cannot fix an auth
+    /// or server error, so every status is reachable unless listed in
+    /// `unreachableStatuses`.
+    Reachable {
+        /// The HTTP status.
+        status: u16,
+    },
+    /// A transport failure, the deadline, or a listed status.
+    Unreachable {
+        /// The class of the failure.
+        cause: FailureCause,
+        /// The root cause, for the log (never contains credentials).
+        error: String,
+    },
+    /// The probe could not be made here: unreadable credentials, a failing
+    /// exec plugin, a bad client configuration. Not a reachability result:
+    /// it never counts toward the failure threshold.
+    LocalError {
+        /// The root cause, for the log.
+        error: String,
+    },
+}
+
+/// One probe's outcome and how long it took.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeResult {
+    /// What the probe found.
+    pub outcome: Outcome,
+    /// From the start of the request to its outcome.
+    pub latency: Duration,
+}
+
+impl ProbeResult {
+    /// Whether the remote answered 2xx (`/readyz` says it is ready).
+    #[must_use]
+    pub fn ready(&self) -> bool {
+        matches!(self.outcome, Outcome::Reachable { status } if (200..300).contains(&status))
+    }
+}
+
+/// The next error down the chain.
+///
+/// `io::Error::source()` skips the error it wraps and returns *that* error's
+/// source, so a wrapped `rustls::Error` would never be seen; look inside the
+/// `io::Error` instead.
+fn next_cause<'a>(error: &'a (dyn StdError + 'static)) -> Option<&'a (dyn StdError + 'static)> {
+    match error
+        .downcast_ref::<io::Error>()
+        .and_then(io::Error::get_ref)
+    {
+        Some(inner) => Some(inner),
+        None => error.source(),
+    }
+}
+
+/// The innermost cause's message: what actually went wrong.
+#[must_use]
+pub fn root_cause(error: &(dyn StdError + 'static)) -> String {
+    let mut current = error;
+    while let Some(next) = next_cause(current) {
+        current = next;
+    }
+    current.to_string()
+}
+
+fn classify_io(err: &io::Error) -> Option<FailureCause> {
+    match err.kind() {
+        io::ErrorKind::ConnectionRefused => Some(FailureCause::Refused),
+        io::ErrorKind::ConnectionReset
+        | io::ErrorKind::ConnectionAborted
+        | io::ErrorKind::BrokenPipe
+        | io::ErrorKind::UnexpectedEof => Some(FailureCause::Reset),
+        io::ErrorKind::TimedOut => Some(FailureCause::Timeout),
+        _ => None,
+    }
+}
+
+/// Classifies one error of the chain, if it is decisive.
+fn classify_one(error: &(dyn StdError + 'static)) -> Option<FailureCause> {
+    if let Some(io) = error.downcast_ref::<io::Error>() {
+        return classify_io(io);
+    }
+    if error.downcast_ref::<rustls::Error>().is_some() {
+        return Some(FailureCause::Tls);
+    }
+    if error
+        .downcast_ref::<hyper_util::client::legacy::Error>()
+        .is_some()
+    {
+        // hyper-util's client error only says "client error (Connect)"; its
+        // sources say what happened.
+        return None;
+    }
+    // hyper-util's connector names a resolver failure only in its message,
+    // and hyper an early close only in its.
+    let text = error.to_string();
+    if text.starts_with("dns error") {
+        return Some(FailureCause::Dns);
+    }
+    if text.contains("connection closed before message completed") {
+        return Some(FailureCause::Reset);
+    }
+    None
+}
+
+/// Classifies the error of a probe request.
+///
+/// Transport failures arrive as `kube::Error::Service` wrapping hyper-util's
+/// error, or as `kube::Error::HyperError`; the cause is found by walking
+/// `source()`. Errors that happen before anything reaches the network
+/// (credentials, request building) are local.
+#[must_use]
+pub fn classify(error: &kube::Error) -> Outcome {
+    let local = match error {
+        kube::Error::Auth(_) | kube::Error::BuildRequest(_) | kube::Error::HttpError(_) => true,
+        kube::Error::Service(inner) => inner.is::<kube::client::AuthError>(),
+        _ => false,
+    };
+    if local {
+        return Outcome::LocalError {
+            error: root_cause(error),
+        };
+    }
+    let mut cause = None;
+    let mut current: Option<&(dyn StdError + 'static)> = Some(error);
+    while let Some(err) = current {
+        if let Some(found) = classify_one(err) {
+            cause = Some(found);
+            break;
+        }
+        current = next_cause(err);
+    }
+    Outcome::Unreachable {
+        cause: cause.unwrap_or(FailureCause::Other),
+        error: root_cause(error),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("outer")]
+    struct Outer(#[source] io::Error);
+
+    #[test]
+    fn io_kinds_map_to_causes() {
+        for (kind, cause) in [
+            (io::ErrorKind::ConnectionRefused, FailureCause::Refused),
+            (io::ErrorKind::ConnectionReset, FailureCause::Reset),
+            (io::ErrorKind::TimedOut, FailureCause::Timeout),
+        ] {
+            let err = kube::Error::Service(Box::new(Outer(io::Error::from(kind))));
+            match classify(&err) {
+                Outcome::Unreachable { cause: got, .. } => assert_eq!(got, cause, "{kind:?}"),
+                other => panic!("{kind:?}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_rustls_error_inside_io_is_tls() {
+        let io = io::Error::new(io::ErrorKind::InvalidData, rustls::Error::DecryptError);
+        let err = kube::Error::Service(Box::new(Outer(io)));
+        assert!(matches!(
+            classify(&err),
+            Outcome::Unreachable {
+                cause: FailureCause::Tls,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn the_root_cause_is_the_innermost_message() {
+        let err = Outer(io::Error::other("connection refused by 10.0.0.7"));
+        assert_eq!(root_cause(&err), "connection refused by 10.0.0.7");
+    }
+
+    #[test]
+    fn ready_means_a_2xx() {
+        let result = |status| ProbeResult {
+            outcome: Outcome::Reachable { status },
+            latency: Duration::ZERO,
+        };
+        assert!(result(200).ready());
+        assert!(!result(403).ready());
+        assert!(!result(503).ready());
+    }
+}

@@ -1,0 +1,177 @@
+//! Probe settings.
+
+use std::time::Duration;
+
+use crate::{Error, Result};
+
+/// How remotes are probed. The defaults are DESIGN.md's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProbeConfig {
+    /// The path requested. Default `/readyz`.
+    pub path: String,
+    /// Time between probes of one remote. Default 10s.
+    pub interval: Duration,
+    /// Deadline of one probe; at most `interval / 2`, so a probe always
+    /// reports before the next is due. Default 5s.
+    pub timeout: Duration,
+    /// Consecutive failures that make a remote unreachable. Default 3.
+    pub failure_threshold: u32,
+    /// Consecutive successes that make it reachable again. Default 1.
+    pub success_threshold: u32,
+    /// Relative jitter of the interval, in `[0, 1)`, so that thousands of
+    /// remotes do not fire together. Default 0.1.
+    pub jitter: f64,
+    /// HTTP statuses that count as unreachable, for apiservers behind an L7
+    /// load balancer (e.g. `[502, 503, 504]`). Default empty.
+    pub unreachable_statuses: Vec<u16>,
+}
+
+impl Default for ProbeConfig {
+    fn default() -> Self {
+        Self {
+            path: "/readyz".to_owned(),
+            interval: Duration::from_secs(10),
+            timeout: Duration::from_secs(5),
+            failure_threshold: 3,
+            success_threshold: 1,
+            jitter: 0.1,
+            unreachable_statuses: Vec::new(),
+        }
+    }
+}
+
+impl ProbeConfig {
+    /// Sets the interval.
+    #[must_use]
+    pub fn with_interval(mut self, interval: Duration) -> Self {
+        self.interval = interval;
+        self
+    }
+
+    /// Sets the per-probe deadline.
+    #[must_use]
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Sets the failure threshold.
+    #[must_use]
+    pub fn with_failure_threshold(mut self, threshold: u32) -> Self {
+        self.failure_threshold = threshold;
+        self
+    }
+
+    /// Sets the success threshold.
+    #[must_use]
+    pub fn with_success_threshold(mut self, threshold: u32) -> Self {
+        self.success_threshold = threshold;
+        self
+    }
+
+    /// Sets the jitter.
+    #[must_use]
+    pub fn with_jitter(mut self, jitter: f64) -> Self {
+        self.jitter = jitter;
+        self
+    }
+
+    /// Sets the statuses that count as unreachable.
+    #[must_use]
+    pub fn with_unreachable_statuses(mut self, statuses: impl Into<Vec<u16>>) -> Self {
+        self.unreachable_statuses = statuses.into();
+        self
+    }
+
+    /// Sets the path.
+    #[must_use]
+    pub fn with_path(mut self, path: impl Into<String>) -> Self {
+        self.path = path.into();
+        self
+    }
+
+    /// Checks that the settings are in range.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] naming the first field out of range.
+    pub fn validate(&self) -> Result<()> {
+        let invalid = |field, reason: &str| {
+            Err(Error::InvalidConfig {
+                field,
+                reason: reason.to_owned(),
+            })
+        };
+        if !self.path.starts_with('/') {
+            return invalid("probe.path", "must start with /");
+        }
+        if self.interval.is_zero() {
+            return invalid("probe.interval", "must be greater than zero");
+        }
+        if self.timeout.is_zero() {
+            return invalid("probe.timeout", "must be greater than zero");
+        }
+        if self.timeout > self.interval / 2 {
+            return invalid(
+                "probe.timeout",
+                "must be at most half of probe.interval, so a probe reports before the next is due",
+            );
+        }
+        if self.failure_threshold < 1 {
+            return invalid("probe.failureThreshold", "must be at least 1");
+        }
+        if self.success_threshold < 1 {
+            return invalid("probe.successThreshold", "must be at least 1");
+        }
+        if !(0.0..1.0).contains(&self.jitter) {
+            return invalid("probe.jitter", "must be in [0, 1)");
+        }
+        if let Some(bad) = self
+            .unreachable_statuses
+            .iter()
+            .find(|s| !(100..600).contains(*s))
+        {
+            return Err(Error::InvalidConfig {
+                field: "probe.unreachableStatuses",
+                reason: format!("{bad} is not an HTTP status code"),
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_timeout_over_half_the_interval_is_rejected() {
+        let config = ProbeConfig::default().with_timeout(Duration::from_secs(6));
+        let err = config.validate().expect_err("6s > 10s / 2");
+        assert!(err.to_string().starts_with("probe.timeout:"), "{err}");
+        assert!(ProbeConfig::default().validate().is_ok());
+    }
+
+    #[test]
+    fn thresholds_and_statuses_are_checked() {
+        for (config, field) in [
+            (
+                ProbeConfig::default().with_failure_threshold(0),
+                "probe.failureThreshold",
+            ),
+            (
+                ProbeConfig::default().with_success_threshold(0),
+                "probe.successThreshold",
+            ),
+            (ProbeConfig::default().with_jitter(1.0), "probe.jitter"),
+            (
+                ProbeConfig::default().with_unreachable_statuses([99]),
+                "probe.unreachableStatuses",
+            ),
+            (ProbeConfig::default().with_path("readyz"), "probe.path"),
+        ] {
+            let err = config.validate().expect_err(field);
+            assert!(err.to_string().starts_with(field), "{err}");
+        }
+    }
+}

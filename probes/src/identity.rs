@@ -1,0 +1,196 @@
+//! Who a remote is: its normalized URL, TLS server name, CA bundle and
+//! proxy. Remotes that share an identity are probed once.
+
+use std::fmt;
+use std::hash::{DefaultHasher, Hash as _, Hasher as _};
+
+use http::Uri;
+
+use crate::{Error, Result};
+
+/// A configured remote: its unique name (the `remote` label) and the kube
+/// configuration that reaches it.
+#[derive(Clone)]
+pub struct Remote {
+    /// The configured name, unique in the configuration.
+    pub name: String,
+    /// How to reach it, credentials included.
+    pub config: kube::Config,
+}
+
+impl fmt::Debug for Remote {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never print the credentials in the config.
+        f.debug_struct("Remote")
+            .field("name", &self.name)
+            .field("server", &host_port(&self.config.cluster_url))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Remote {
+    /// A remote named `name`, reached through `config`.
+    #[must_use]
+    pub fn new(name: impl Into<String>, config: kube::Config) -> Self {
+        Self {
+            name: name.into(),
+            config,
+        }
+    }
+}
+
+/// The identity of an apiserver endpoint, for dedupe.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Identity {
+    /// `scheme://host:port/path`, lower-cased host, explicit port, no
+    /// trailing slash, no userinfo.
+    pub url: String,
+    /// The TLS server name override, if any.
+    pub tls_server_name: Option<String>,
+    /// A hash of the trusted CA bundle; 0 when there is none.
+    pub ca_hash: u64,
+    /// The proxy URL, without userinfo.
+    pub proxy: Option<String>,
+}
+
+/// `host:port` of `uri`, with no userinfo, ever.
+#[must_use]
+pub fn host_port(uri: &Uri) -> String {
+    let host = uri.host().unwrap_or("").to_ascii_lowercase();
+    let port = uri.port_u16().unwrap_or(match uri.scheme_str() {
+        Some("http") => 80,
+        _ => 443,
+    });
+    if host.contains(':') {
+        // An IPv6 literal keeps its brackets.
+        if host.starts_with('[') {
+            format!("{host}:{port}")
+        } else {
+            format!("[{host}]:{port}")
+        }
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// Normalizes `uri`: scheme, lower-cased host, explicit port, path without a
+/// trailing slash, no userinfo.
+///
+/// # Errors
+///
+/// [`Error::InvalidUrl`] if it has no scheme or host, or a scheme other
+/// than `http` or `https`.
+pub fn normalize_url(uri: &Uri) -> Result<String> {
+    let scheme = uri
+        .scheme_str()
+        .map(str::to_ascii_lowercase)
+        .ok_or_else(|| Error::InvalidUrl("no scheme".to_owned()))?;
+    if scheme != "http" && scheme != "https" {
+        return Err(Error::InvalidUrl(format!(
+            "scheme {scheme:?} is not http or https"
+        )));
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return Err(Error::InvalidUrl("no host".to_owned()));
+    }
+    let path = uri.path().trim_end_matches('/');
+    Ok(format!("{scheme}://{}{path}", host_port(uri)))
+}
+
+impl Identity {
+    /// The identity of the endpoint `config` reaches.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidUrl`] if the server URL cannot be normalized.
+    pub fn of(config: &kube::Config) -> Result<Self> {
+        let ca_hash = config.root_cert.as_ref().map_or(0, |certs| {
+            let mut hasher = DefaultHasher::new();
+            certs.hash(&mut hasher);
+            hasher.finish()
+        });
+        Ok(Self {
+            url: normalize_url(&config.cluster_url)?,
+            tls_server_name: config.tls_server_name.clone(),
+            ca_hash,
+            proxy: config.proxy_url.as_ref().map(host_port_with_scheme),
+        })
+    }
+
+    /// The `host` label: `host:port`.
+    #[must_use]
+    pub fn host(&self) -> &str {
+        let rest = self
+            .url
+            .split_once("://")
+            .map_or(self.url.as_str(), |(_, r)| r);
+        rest.split_once('/').map_or(rest, |(h, _)| h)
+    }
+}
+
+fn host_port_with_scheme(uri: &Uri) -> String {
+    format!(
+        "{}://{}",
+        uri.scheme_str().unwrap_or("http"),
+        host_port(uri)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn norm(s: &str) -> String {
+        normalize_url(&s.parse().expect("valid URI")).expect("normalizes")
+    }
+
+    #[test]
+    fn urls_normalize_to_one_form() {
+        assert_eq!(
+            norm("https://API.Example.COM"),
+            "https://api.example.com:443"
+        );
+        assert_eq!(
+            norm("https://api.example.com:443/"),
+            "https://api.example.com:443"
+        );
+        assert_eq!(norm("http://10.0.0.7/"), "http://10.0.0.7:80");
+        assert_eq!(norm("HTTPS://h:6443/prefix/"), "https://h:6443/prefix");
+        assert_eq!(norm("https://[::1]:6443"), "https://[::1]:6443");
+    }
+
+    #[test]
+    fn userinfo_never_reaches_the_host_label() {
+        let uri: Uri = "https://admin:hunter2@api.example.com:6443/"
+            .parse()
+            .expect("valid");
+        assert_eq!(host_port(&uri), "api.example.com:6443");
+        assert_eq!(
+            norm("https://admin:hunter2@api.example.com:6443"),
+            "https://api.example.com:6443"
+        );
+    }
+
+    #[test]
+    fn bad_urls_are_rejected() {
+        for bad in ["ftp://h", "/just/a/path"] {
+            let uri: Uri = bad.parse().expect("parses as a URI");
+            assert!(normalize_url(&uri).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn identity_separates_ca_bundles_and_server_names() {
+        let config = |url: &str| kube::Config::new(url.parse().expect("valid"));
+        let a = Identity::of(&config("https://h:6443")).expect("valid");
+        let b = Identity::of(&config("https://H:6443/")).expect("valid");
+        assert_eq!(a, b);
+        assert_eq!(a.host(), "h:6443");
+        let mut with_ca = config("https://h:6443");
+        with_ca.root_cert = Some(vec![vec![1, 2, 3]]);
+        assert_ne!(Identity::of(&with_ca).expect("valid"), a);
+        let mut with_name = config("https://h:6443");
+        with_name.tls_server_name = Some("kubernetes".into());
+        assert_ne!(Identity::of(&with_name).expect("valid"), a);
+    }
+}

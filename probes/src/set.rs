@@ -1,0 +1,605 @@
+//! The process-lifetime set of probes: one task per remote identity, state
+//! that outlives cycles and reloads, metrics, and published transitions.
+//!
+//! # Invariants
+//!
+//! - One probe task runs per distinct [`Identity`]; its result is reported
+//!   under every configured name that shares the identity.
+//! - [`ProbeSet::sync`] keeps the task and the state of every identity that
+//!   stays, stops the tasks of identities that go, and deletes the metric
+//!   series of every name that goes.
+//! - Each task probes at once, then every `interval` ± `jitter`. Every probe
+//!   has its own deadline (`timeout` ≤ `interval / 2`), so one remote never
+//!   delays another, and a probe always reports before the next is due.
+//! - A task that panics is restarted after one interval; the panic is
+//!   logged and counted.
+//! - Every state change is logged once, counted in
+//!   `tether_remote_transitions_total`, and published once per name.
+
+use std::any::Any;
+use std::collections::BTreeMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures_util::FutureExt as _;
+use prometheus::Registry;
+use tokio::sync::broadcast;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument as _, error, info, info_span, warn};
+
+use crate::classify::{FailureCause, Outcome, ProbeResult};
+use crate::metrics::Metrics;
+use crate::probe::{probe_client, probe_once};
+use crate::{Error, Identity, ProbeConfig, Reachability, Remote, Result, Tracker};
+
+/// How many transitions a slow subscriber may fall behind.
+const TRANSITION_BUFFER: usize = 1024;
+
+/// A change of a remote's state, published once per configured name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transition {
+    /// The configured name.
+    pub remote: String,
+    /// `host:port`.
+    pub host: String,
+    /// The state left.
+    pub from: Reachability,
+    /// The state entered.
+    pub to: Reachability,
+    /// The failure streak when it happened.
+    pub failures: u32,
+    /// The last error's root cause, when the change is to unreachable.
+    pub error: Option<String>,
+}
+
+/// What the status page shows of one configured remote.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct RemoteStatus {
+    /// The configured name.
+    pub name: String,
+    /// `host:port`.
+    pub host: String,
+    /// The sustained state.
+    pub state: Reachability,
+    /// The current failure streak.
+    pub consecutive_failures: u32,
+    /// The status of the last answer, if the last probe got one.
+    pub last_status: Option<u16>,
+    /// Whether the last answer was 2xx.
+    pub ready: bool,
+    /// The class of the last failure.
+    pub last_cause: Option<FailureCause>,
+    /// The root cause of the last failure.
+    pub last_error: Option<String>,
+    /// Set while probes cannot be made here (credentials, exec plugin).
+    pub local_error: Option<String>,
+    /// When the state last changed.
+    pub last_transition: Option<SystemTime>,
+    /// When the last probe finished.
+    pub last_probe: Option<SystemTime>,
+    /// The last probe's latency.
+    pub latency: Option<Duration>,
+    /// How often this remote's probe task panicked.
+    pub panics: u64,
+}
+
+/// One row of [`check`]: a configured remote probed once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckRow {
+    /// The configured name.
+    pub name: String,
+    /// `host:port`.
+    pub host: String,
+    /// What the probe found.
+    pub result: ProbeResult,
+}
+
+#[derive(Debug)]
+struct ProbeState {
+    names: Vec<String>,
+    config: kube::Config,
+    config_generation: u64,
+    tracker: Tracker,
+    last: Option<ProbeResult>,
+    last_cause: Option<FailureCause>,
+    last_error: Option<String>,
+    local_error: Option<String>,
+    last_transition: Option<SystemTime>,
+    last_probe: Option<SystemTime>,
+    last_tick: Instant,
+    panics: u64,
+}
+
+#[derive(Debug)]
+struct Shared {
+    host: String,
+    state: Mutex<ProbeState>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, ProbeState> {
+        // Critical sections only assign fields; a poisoned state is whole.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+#[derive(Debug)]
+struct Probe {
+    shared: Arc<Shared>,
+    stop: CancellationToken,
+    _task: JoinHandle<()>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    config: ProbeConfig,
+    metrics: Metrics,
+    transitions: broadcast::Sender<Transition>,
+    probes: Mutex<BTreeMap<Identity, Probe>>,
+    created: Instant,
+}
+
+impl Inner {
+    fn probes(&self) -> MutexGuard<'_, BTreeMap<Identity, Probe>> {
+        self.probes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// The probes of every configured remote, for the life of the process.
+/// Dropping it stops every probe.
+#[derive(Debug)]
+pub struct ProbeSet {
+    inner: Arc<Inner>,
+}
+
+/// A cheap, cloneable view of a [`ProbeSet`] for the admin server and the
+/// supervisor's cycles.
+#[derive(Debug, Clone)]
+pub struct ProbeSetHandle {
+    inner: Arc<Inner>,
+}
+
+fn unix_seconds(time: SystemTime) -> f64 {
+    time.duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// Sets every gauge of `name` from the state; histograms and counters are
+/// fed where the events happen.
+fn export(metrics: &Metrics, name: &str, host: &str, state: &ProbeState) {
+    metrics
+        .failures
+        .with_label_values(&[name])
+        .set(i64::from(state.tracker.consecutive_failures()));
+    match state.tracker.state() {
+        Reachability::Unknown => {}
+        known => metrics
+            .reachable
+            .with_label_values(&[name, host])
+            .set(i64::from(known == Reachability::Reachable)),
+    }
+    if let Some(last) = &state.last {
+        metrics
+            .ready
+            .with_label_values(&[name, host])
+            .set(i64::from(last.ready()));
+    }
+    if let Some(at) = state.last_probe {
+        metrics
+            .last_probe
+            .with_label_values(&[name])
+            .set(unix_seconds(at));
+    }
+}
+
+fn jittered(interval: Duration, jitter: f64) -> Duration {
+    interval.mul_f64(1.0 + jitter * (2.0 * fastrand::f64() - 1.0))
+}
+
+fn panic_message(payload: &(dyn Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic payload that is not a string".to_owned())
+}
+
+impl ProbeSet {
+    /// An empty set whose metrics are registered in `registry`. Call
+    /// [`sync`](Self::sync) to start probing.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] if `config` is out of range, and
+    /// [`Error::RegisterMetrics`] if the metric names are taken.
+    pub fn new(config: ProbeConfig, registry: &Registry) -> Result<Self> {
+        config.validate()?;
+        let metrics = Metrics::register(registry).map_err(Error::RegisterMetrics)?;
+        let (transitions, _) = broadcast::channel(TRANSITION_BUFFER);
+        Ok(Self {
+            inner: Arc::new(Inner {
+                config,
+                metrics,
+                transitions,
+                probes: Mutex::default(),
+                created: Instant::now(),
+            }),
+        })
+    }
+
+    /// A view for status pages and subscribers.
+    #[must_use]
+    pub fn handle(&self) -> ProbeSetHandle {
+        ProbeSetHandle {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+
+    /// Makes the running probes match `remotes`.
+    ///
+    /// New identities start probing at once; identities that stay keep their
+    /// task and state (their credentials are refreshed on the next probe);
+    /// identities that go stop. Names that go have their series deleted.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Remote`] naming a remote whose URL is invalid, and
+    /// [`Error::DuplicateName`]; nothing changes then.
+    ///
+    /// # Panics
+    ///
+    /// Must be called within a tokio runtime, which runs the probe tasks.
+    pub fn sync(&self, remotes: &[Remote]) -> Result<()> {
+        let mut wanted: BTreeMap<Identity, Vec<&Remote>> = BTreeMap::new();
+        let mut seen = std::collections::BTreeSet::new();
+        for remote in remotes {
+            if !seen.insert(remote.name.as_str()) {
+                return Err(Error::DuplicateName(remote.name.clone()));
+            }
+            let identity = Identity::of(&remote.config).map_err(|source| Error::Remote {
+                name: remote.name.clone(),
+                source: Box::new(source),
+            })?;
+            wanted.entry(identity).or_default().push(remote);
+        }
+
+        let inner = &self.inner;
+        let mut probes = inner.probes();
+        probes.retain(|identity, probe| {
+            if wanted.contains_key(identity) {
+                return true;
+            }
+            probe.stop.cancel();
+            let state = probe.shared.lock();
+            for name in &state.names {
+                inner.metrics.forget(name, &probe.shared.host);
+            }
+            info!(remotes = ?state.names, host = %probe.shared.host, "remote removed from config; probe stopped");
+            false
+        });
+        for (identity, group) in wanted {
+            let names: Vec<String> = group.iter().map(|r| r.name.clone()).collect();
+            let config = group[0].config.clone();
+            if let Some(probe) = probes.get(&identity) {
+                let mut state = probe.shared.lock();
+                for gone in state.names.iter().filter(|n| !names.contains(n)) {
+                    inner.metrics.forget(gone, &probe.shared.host);
+                }
+                state.names = names;
+                state.config = config;
+                state.config_generation += 1;
+                for name in &state.names {
+                    export(&inner.metrics, name, &probe.shared.host, &state);
+                }
+            } else {
+                let host = identity.host().to_owned();
+                info!(remotes = ?names, %host, "probing remote apiserver");
+                let shared = Arc::new(Shared {
+                    host: host.clone(),
+                    state: Mutex::new(ProbeState {
+                        names,
+                        config,
+                        config_generation: 0,
+                        tracker: Tracker::new(
+                            inner.config.failure_threshold,
+                            inner.config.success_threshold,
+                        ),
+                        last: None,
+                        last_cause: None,
+                        last_error: None,
+                        local_error: None,
+                        last_transition: None,
+                        last_probe: None,
+                        last_tick: Instant::now(),
+                        panics: 0,
+                    }),
+                });
+                let stop = CancellationToken::new();
+                let task = tokio::spawn(
+                    supervise_probe(Arc::clone(inner), Arc::clone(&shared), stop.clone())
+                        .instrument(info_span!("probe", %host)),
+                );
+                probes.insert(
+                    identity,
+                    Probe {
+                        shared,
+                        stop,
+                        _task: task,
+                    },
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for ProbeSet {
+    fn drop(&mut self) {
+        for probe in self.inner.probes().values() {
+            probe.stop.cancel();
+        }
+    }
+}
+
+impl ProbeSetHandle {
+    /// Transitions from now on, once per configured name.
+    #[must_use]
+    pub fn subscribe(&self) -> broadcast::Receiver<Transition> {
+        self.inner.transitions.subscribe()
+    }
+
+    /// Every configured remote's status, sorted by name.
+    #[must_use]
+    pub fn status(&self) -> Vec<RemoteStatus> {
+        let mut rows = Vec::new();
+        for probe in self.inner.probes().values() {
+            let state = probe.shared.lock();
+            for name in &state.names {
+                rows.push(RemoteStatus {
+                    name: name.clone(),
+                    host: probe.shared.host.clone(),
+                    state: state.tracker.state(),
+                    consecutive_failures: state.tracker.consecutive_failures(),
+                    last_status: state.last.as_ref().and_then(|r| match r.outcome {
+                        Outcome::Reachable { status } => Some(status),
+                        _ => None,
+                    }),
+                    ready: state.last.as_ref().is_some_and(ProbeResult::ready),
+                    last_cause: state.last_cause,
+                    last_error: state.last_error.clone(),
+                    local_error: state.local_error.clone(),
+                    last_transition: state.last_transition,
+                    last_probe: state.last_probe,
+                    latency: state.last.as_ref().map(|r| r.latency),
+                    panics: state.panics,
+                });
+            }
+        }
+        rows.sort_by(|a, b| a.name.cmp(&b.name));
+        rows
+    }
+
+    /// The state of the remote named `name`, if it is configured.
+    #[must_use]
+    pub fn state_of(&self, name: &str) -> Option<Reachability> {
+        self.inner.probes().values().find_map(|probe| {
+            let state = probe.shared.lock();
+            state
+                .names
+                .iter()
+                .any(|n| n == name)
+                .then(|| state.tracker.state())
+        })
+    }
+
+    /// The oldest probe task's last tick: a stale value means a probe loop
+    /// is wedged. With no remotes, the set's creation.
+    #[must_use]
+    pub fn heartbeat(&self) -> Instant {
+        self.inner
+            .probes()
+            .values()
+            .map(|probe| probe.shared.lock().last_tick)
+            .min()
+            .unwrap_or(self.inner.created)
+    }
+}
+
+/// Runs a probe loop, restarting it after a panic, until `stop`.
+async fn supervise_probe(inner: Arc<Inner>, shared: Arc<Shared>, stop: CancellationToken) {
+    loop {
+        let run = AssertUnwindSafe(probe_loop(&inner, &shared, &stop)).catch_unwind();
+        let Err(payload) = run.await else {
+            return;
+        };
+        let message = panic_message(payload.as_ref());
+        error!(panic = %message, "probe task panicked; restarting it after one interval");
+        inner.metrics.panics.inc();
+        shared.lock().panics += 1;
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(inner.config.interval) => {}
+        }
+    }
+}
+
+async fn probe_loop(inner: &Inner, shared: &Shared, stop: &CancellationToken) {
+    let config = &inner.config;
+    let mut client: Option<(u64, kube::Client)> = None;
+    let mut next = Instant::now();
+    loop {
+        tokio::select! {
+            biased;
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep_until(next) => {}
+        }
+        let tick = Instant::now();
+        next = tick + jittered(config.interval, config.jitter);
+        let rebuild = {
+            let mut state = shared.lock();
+            state.last_tick = tick;
+            let generation = state.config_generation;
+            (client.as_ref().is_none_or(|(g, _)| *g != generation))
+                .then(|| (generation, state.config.clone()))
+        };
+        if let Some((generation, kube_config)) = rebuild {
+            client = match probe_client(&kube_config, config.timeout) {
+                Ok(built) => Some((generation, built)),
+                Err(err) => {
+                    let result = ProbeResult {
+                        outcome: Outcome::LocalError {
+                            error: crate::classify::root_cause(&err),
+                        },
+                        latency: Duration::ZERO,
+                    };
+                    record(inner, shared, result);
+                    continue;
+                }
+            };
+        }
+        let (_, probe_client) = client.as_ref().expect("built above when missing or stale");
+        let result = tokio::select! {
+            biased;
+            () = stop.cancelled() => return,
+            result = probe_once(probe_client, &config.path, config.timeout, &config.unreachable_statuses) => result,
+        };
+        record(inner, shared, result);
+    }
+}
+
+/// Applies one probe result: state, metrics, logs and transitions.
+fn record(inner: &Inner, shared: &Shared, result: ProbeResult) {
+    let metrics = &inner.metrics;
+    let host = shared.host.as_str();
+    let mut state = shared.lock();
+    state.last_tick = Instant::now();
+    state.last_probe = Some(SystemTime::now());
+
+    if let Outcome::LocalError { error } = &result.outcome {
+        if state.local_error.as_ref() != Some(error) {
+            warn!(remotes = ?state.names, %host, %error, "cannot probe from here (local error); not counted toward reachability");
+        }
+        state.local_error = Some(error.clone());
+        for name in &state.names {
+            export(metrics, name, host, &state);
+        }
+        return;
+    }
+    if state.local_error.take().is_some() {
+        info!(remotes = ?state.names, %host, "probing works again");
+    }
+
+    let reachable = matches!(result.outcome, Outcome::Reachable { .. });
+    if let Outcome::Unreachable { cause, error } = &result.outcome {
+        state.last_cause = Some(*cause);
+        state.last_error = Some(error.clone());
+    }
+    let from = state.tracker.state();
+    let changed = state.tracker.observe(reachable);
+    let result_label = if reachable {
+        "reachable"
+    } else {
+        "unreachable"
+    };
+    for name in &state.names {
+        metrics
+            .duration
+            .with_label_values(&[name.as_str(), result_label])
+            .observe(result.latency.as_secs_f64());
+    }
+    state.last = Some(result);
+    for name in &state.names {
+        export(metrics, name, host, &state);
+    }
+    let Some(to) = changed else {
+        return;
+    };
+    state.last_transition = Some(SystemTime::now());
+    let failures = state.tracker.consecutive_failures();
+    let error = (to == Reachability::Unreachable)
+        .then(|| state.last_error.clone())
+        .flatten();
+    if to == Reachability::Unreachable {
+        warn!(
+            remotes = ?state.names, %host, failures,
+            cause = %state.last_cause.map_or("unknown", FailureCause::as_str),
+            error = error.as_deref().unwrap_or(""),
+            "remote apiserver unreachable"
+        );
+    } else {
+        info!(remotes = ?state.names, %host, %from, %to, "remote apiserver reachable");
+    }
+    for name in &state.names {
+        metrics
+            .transitions
+            .with_label_values(&[name.as_str(), to.as_str()])
+            .inc();
+        // Nobody subscribed is fine.
+        let _ = inner.transitions.send(Transition {
+            remote: name.clone(),
+            host: host.to_owned(),
+            from,
+            to,
+            failures,
+            error: error.clone(),
+        });
+    }
+}
+
+/// Probes every remote once (each identity once), for `tether check`.
+///
+/// # Errors
+///
+/// As [`ProbeSet::sync`], for an invalid or duplicate remote.
+pub async fn check(remotes: &[Remote], config: &ProbeConfig) -> Result<Vec<CheckRow>> {
+    let mut groups: BTreeMap<Identity, Vec<&Remote>> = BTreeMap::new();
+    for remote in remotes {
+        let identity = Identity::of(&remote.config).map_err(|source| Error::Remote {
+            name: remote.name.clone(),
+            source: Box::new(source),
+        })?;
+        groups.entry(identity).or_default().push(remote);
+    }
+    let probes = groups.into_iter().map(|(identity, group)| async move {
+        let result = match probe_client(&group[0].config, config.timeout) {
+            Ok(client) => {
+                probe_once(
+                    &client,
+                    &config.path,
+                    config.timeout,
+                    &config.unreachable_statuses,
+                )
+                .await
+            }
+            Err(err) => ProbeResult {
+                outcome: Outcome::LocalError {
+                    error: crate::classify::root_cause(&err),
+                },
+                latency: Duration::ZERO,
+            },
+        };
+        group
+            .into_iter()
+            .map(|remote| CheckRow {
+                name: remote.name.clone(),
+                host: identity.host().to_owned(),
+                result: result.clone(),
+            })
+            .collect::<Vec<_>>()
+    });
+    let mut rows: Vec<CheckRow> = futures_util::future::join_all(probes)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    rows.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(rows)
+}

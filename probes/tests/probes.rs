@@ -1,0 +1,556 @@
+//! Probes against real sockets: the simulated apiserver from
+//! `tether-testkit`, with its faults. These run on the real clock with short
+//! intervals, because a paused clock would auto-advance past real I/O.
+
+use std::io::Write as _;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use prometheus::{Encoder as _, Registry, TextEncoder};
+use tether_probes::{
+    FailureCause, Outcome, ProbeConfig, ProbeSet, ProbeSetHandle, Reachability, Remote, Transition,
+    check, probe_client, probe_once,
+};
+use tether_testkit::{ApiServer, Fault, Options};
+use tokio::sync::broadcast;
+use tokio::time::timeout;
+
+/// Bound on anything a test waits for.
+const DEADLINE: Duration = Duration::from_secs(20);
+const TIMEOUT: Duration = Duration::from_millis(250);
+
+async fn config_of(server: &ApiServer) -> kube::Config {
+    let kubeconfig = kube::config::Kubeconfig::from_yaml(&server.kubeconfig().to_yaml())
+        .expect("valid kubeconfig");
+    kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
+        .await
+        .expect("kubeconfig resolves")
+}
+
+async fn probe(server: &ApiServer, statuses: &[u16]) -> Outcome {
+    let client = probe_client(&config_of(server).await, TIMEOUT).expect("client");
+    probe_once(&client, "/readyz", TIMEOUT, statuses)
+        .await
+        .outcome
+}
+
+fn cause_of(outcome: &Outcome) -> FailureCause {
+    match outcome {
+        Outcome::Unreachable { cause, .. } => *cause,
+        other => panic!("expected unreachable, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn any_http_status_is_reachable() {
+    let server = ApiServer::start(Options::default()).await.expect("server");
+    for code in [200, 401, 403, 404, 500] {
+        server
+            .set_fault(Fault::Status {
+                code,
+                all_paths: true,
+            })
+            .await
+            .expect("fault");
+        assert_eq!(
+            probe(&server, &[]).await,
+            Outcome::Reachable { status: code }
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_listed_status_is_unreachable_and_a_503_is_not_retried() {
+    let server = ApiServer::start(Options::default()).await.expect("server");
+    server
+        .set_fault(Fault::Status {
+            code: 503,
+            all_paths: false,
+        })
+        .await
+        .expect("fault");
+    assert_eq!(
+        probe(&server, &[]).await,
+        Outcome::Reachable { status: 503 }
+    );
+    assert_eq!(server.requests("/readyz"), 1, "a 503 was retried");
+    assert_eq!(
+        cause_of(&probe(&server, &[502, 503, 504]).await),
+        FailureCause::Status
+    );
+}
+
+#[tokio::test]
+async fn transport_failures_are_unreachable_with_their_cause() {
+    let plain = ApiServer::start(Options::default()).await.expect("server");
+    let tls = ApiServer::start(Options::default().tls(true))
+        .await
+        .expect("server");
+    for (server, fault, cause) in [
+        (&plain, Fault::Refuse, FailureCause::Refused),
+        (&plain, Fault::Reset, FailureCause::Reset),
+        (&plain, Fault::Hang, FailureCause::Timeout),
+        (&tls, Fault::TlsMismatch, FailureCause::Tls),
+    ] {
+        server.set_fault(fault.clone()).await.expect("fault");
+        let outcome = timeout(DEADLINE, probe(server, &[]))
+            .await
+            .unwrap_or_else(|_| panic!("{fault}: the probe outlived its deadline"));
+        assert_eq!(cause_of(&outcome), cause, "{fault}: {outcome:?}");
+    }
+}
+
+#[tokio::test]
+async fn an_unresolvable_host_is_a_dns_failure() {
+    let config = kube::Config::new(
+        "https://tether-probe-test.invalid:6443"
+            .parse()
+            .expect("valid"),
+    );
+    let client = probe_client(&config, TIMEOUT).expect("client");
+    let outcome = probe_once(&client, "/readyz", TIMEOUT, &[]).await.outcome;
+    assert_eq!(cause_of(&outcome), FailureCause::Dns, "{outcome:?}");
+}
+
+fn with_missing_token_file(mut config: kube::Config) -> kube::Config {
+    config.auth_info.token = None;
+    config.auth_info.token_file = Some("/nonexistent/tether/token".into());
+    config
+}
+
+#[tokio::test]
+async fn an_unreadable_token_file_is_a_local_error() {
+    let server = ApiServer::start(Options::default().token("t"))
+        .await
+        .expect("server");
+    let config = with_missing_token_file(config_of(&server).await);
+    let rows = check(&[Remote::new("a", config)], &ProbeConfig::default())
+        .await
+        .expect("check");
+    assert!(
+        matches!(rows[0].result.outcome, Outcome::LocalError { .. }),
+        "{rows:?}"
+    );
+    assert_eq!(server.requests("/readyz"), 0);
+}
+
+/// A probe set with a fast, unjittered schedule.
+fn fast(failure_threshold: u32, success_threshold: u32) -> ProbeConfig {
+    ProbeConfig::default()
+        .with_interval(Duration::from_millis(100))
+        .with_timeout(Duration::from_millis(50))
+        .with_jitter(0.0)
+        .with_failure_threshold(failure_threshold)
+        .with_success_threshold(success_threshold)
+}
+
+async fn next_transition(rx: &mut broadcast::Receiver<Transition>, what: &str) -> Transition {
+    timeout(DEADLINE, rx.recv())
+        .await
+        .unwrap_or_else(|_| panic!("no transition ({what}) within {DEADLINE:?}: probe loop stuck?"))
+        .expect("the probe set is alive")
+}
+
+/// Polls the status until `pred` holds for `name`.
+async fn until(
+    handle: &ProbeSetHandle,
+    name: &str,
+    what: &str,
+    pred: impl Fn(&tether_probes::RemoteStatus) -> bool,
+) {
+    timeout(DEADLINE, async {
+        loop {
+            if handle.status().iter().any(|s| s.name == name && pred(s)) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{name} never reached: {what}; status {:?}", handle.status()));
+}
+
+fn metric_text(registry: &Registry) -> String {
+    let mut out = Vec::new();
+    TextEncoder::new()
+        .encode(&registry.gather(), &mut out)
+        .expect("encodes");
+    String::from_utf8(out).expect("utf-8")
+}
+
+#[tokio::test]
+async fn a_local_error_never_counts_toward_the_threshold() {
+    let server = ApiServer::start(Options::default().token("t"))
+        .await
+        .expect("server");
+    let probes = ProbeSet::new(fast(1, 1), &Registry::new()).expect("probe set");
+    let mut rx = probes.handle().subscribe();
+    let config = with_missing_token_file(config_of(&server).await);
+    probes.sync(&[Remote::new("a", config)]).expect("sync");
+    let handle = probes.handle();
+    until(&handle, "a", "a local error", |s| s.local_error.is_some()).await;
+    // Several more ticks at threshold 1: still not unreachable.
+    let first = handle.status()[0].last_probe;
+    until(&handle, "a", "later ticks", |s| s.last_probe > first).await;
+    let status = &handle.status()[0];
+    assert_eq!(status.state, Reachability::Unknown);
+    assert_eq!(status.consecutive_failures, 0);
+    assert!(rx.try_recv().is_err(), "a local error caused a transition");
+}
+
+#[tokio::test]
+async fn a_dead_remote_is_unreachable_on_the_third_failure_exactly_once() {
+    let server = ApiServer::start(Options::default()).await.expect("server");
+    let registry = Registry::new();
+    let probes = ProbeSet::new(fast(3, 1), &registry).expect("probe set");
+    let handle = probes.handle();
+    let mut rx = handle.subscribe();
+    probes
+        .sync(&[Remote::new("a", config_of(&server).await)])
+        .expect("sync");
+    let up = next_transition(&mut rx, "first success").await;
+    assert_eq!(
+        (up.from, up.to),
+        (Reachability::Unknown, Reachability::Reachable)
+    );
+
+    server.set_fault(Fault::Refuse).await.expect("refuse");
+    let down = next_transition(&mut rx, "lost").await;
+    assert_eq!(down.to, Reachability::Unreachable);
+    assert_eq!(down.failures, 3, "declared on the wrong failure");
+    assert!(down.error.is_some());
+
+    // Three more failures: still one transition.
+    until(&handle, "a", "six failures", |s| {
+        s.consecutive_failures >= 6
+    })
+    .await;
+    assert!(
+        rx.try_recv().is_err(),
+        "a second transition while still down"
+    );
+    let text = metric_text(&registry);
+    let host = server.addr().to_string();
+    assert!(
+        text.contains("tether_remote_transitions_total{remote=\"a\",to=\"unreachable\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "tether_remote_apiserver_reachable{{host=\"{host}\",remote=\"a\"}} 0"
+        )),
+        "{text}"
+    );
+    let status = &handle.status()[0];
+    assert_eq!(status.last_cause, Some(FailureCause::Refused));
+}
+
+#[tokio::test]
+async fn failures_interrupted_by_a_success_never_trip() {
+    let server = ApiServer::start(Options::default()).await.expect("server");
+    // Up once, then F, F, T, F, F, T, ...: never three in a row.
+    server
+        .set_fault(Fault::Flap(vec![true, false, false]))
+        .await
+        .expect("flap");
+    let registry = Registry::new();
+    let probes = ProbeSet::new(fast(3, 1), &registry).expect("probe set");
+    let mut rx = probes.handle().subscribe();
+    probes
+        .sync(&[Remote::new("a", config_of(&server).await)])
+        .expect("sync");
+    let up = next_transition(&mut rx, "first success").await;
+    assert_eq!(up.to, Reachability::Reachable);
+
+    timeout(DEADLINE, async {
+        while server.requests("/readyz") < 15 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("fifteen probes happen");
+    assert!(
+        rx.try_recv().is_err(),
+        "F, F, T, F, F tripped the threshold"
+    );
+    assert_eq!(probes.handle().state_of("a"), Some(Reachability::Reachable));
+}
+
+#[tokio::test]
+async fn two_successes_are_needed_when_the_success_threshold_is_two() {
+    let server = ApiServer::start(Options::default()).await.expect("server");
+    let probes = ProbeSet::new(fast(1, 2), &Registry::new()).expect("probe set");
+    let mut rx = probes.handle().subscribe();
+    probes
+        .sync(&[Remote::new("a", config_of(&server).await)])
+        .expect("sync");
+    next_transition(&mut rx, "first success").await;
+    server.set_fault(Fault::Refuse).await.expect("refuse");
+    assert_eq!(
+        next_transition(&mut rx, "lost").await.to,
+        Reachability::Unreachable
+    );
+
+    let before = server.requests("/readyz");
+    server.set_fault(Fault::Up).await.expect("up");
+    let back = next_transition(&mut rx, "recovered").await;
+    assert_eq!(back.to, Reachability::Reachable);
+    assert!(
+        server.requests("/readyz") - before >= 2,
+        "recovered after one success"
+    );
+}
+
+#[tokio::test]
+async fn two_names_for_one_server_make_one_probe_reported_under_both() {
+    let server = ApiServer::start(Options::default()).await.expect("server");
+    let registry = Registry::new();
+    let probes = ProbeSet::new(fast(3, 1), &registry).expect("probe set");
+    let config = config_of(&server).await;
+    let mut other = config.clone();
+    // The same endpoint, written differently.
+    other.cluster_url = format!("http://127.0.0.1:{}/", server.addr().port())
+        .parse()
+        .expect("valid");
+    probes
+        .sync(&[Remote::new("a", config), Remote::new("b", other)])
+        .expect("sync");
+    let handle = probes.handle();
+    until(&handle, "b", "reachable", |s| {
+        s.state == Reachability::Reachable
+    })
+    .await;
+    until(&handle, "a", "five probes", |_| true).await;
+    timeout(DEADLINE, async {
+        while server.requests("/readyz") < 5 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("probes happen");
+    drop(probes);
+    // Both names report every probe, and each probe reached the server once.
+    let text = metric_text(&registry);
+    let count = |name: &str| -> u64 {
+        let prefix = format!(
+            "tether_remote_probe_duration_seconds_count{{remote=\"{name}\",result=\"reachable\"}} "
+        );
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no probe count for {name}:\n{text}"))
+    };
+    assert_eq!(count("a"), count("b"));
+    // The set may have been dropped with one probe in flight.
+    let requests = server.requests("/readyz");
+    assert!(
+        (count("a")..=count("a") + 1).contains(&requests),
+        "{requests} requests for {} reported probes: probed more than once per tick",
+        count("a")
+    );
+}
+
+#[tokio::test]
+async fn sync_keeps_the_state_of_a_remote_that_stays_and_deletes_removed_series() {
+    let a = ApiServer::start(Options::default()).await.expect("server");
+    let b = ApiServer::start(Options::default()).await.expect("server");
+    let registry = Registry::new();
+    let probes = ProbeSet::new(fast(3, 1), &registry).expect("probe set");
+    let handle = probes.handle();
+    let mut rx = handle.subscribe();
+    let (config_a, config_b) = (config_of(&a).await, config_of(&b).await);
+    probes
+        .sync(&[
+            Remote::new("a", config_a.clone()),
+            Remote::new("b", config_b),
+        ])
+        .expect("sync");
+    a.set_fault(Fault::Refuse).await.expect("refuse");
+    until(&handle, "a", "unreachable", |s| {
+        s.state == Reachability::Unreachable
+    })
+    .await;
+    until(&handle, "b", "reachable", |s| {
+        s.state == Reachability::Reachable
+    })
+    .await;
+    let streak = handle.status()[0].consecutive_failures;
+
+    // A reload that keeps a and drops b.
+    probes.sync(&[Remote::new("a", config_a)]).expect("sync");
+    let after = &handle.status();
+    assert_eq!(after.len(), 1);
+    assert_eq!(
+        after[0].state,
+        Reachability::Unreachable,
+        "the reload forgot a is down"
+    );
+    assert!(
+        after[0].consecutive_failures >= streak,
+        "the reload reset the streak"
+    );
+    let text = metric_text(&registry);
+    assert!(
+        !text.contains("remote=\"b\""),
+        "series of the removed remote remain:\n{text}"
+    );
+
+    // And a still recovers.
+    while let Ok(t) = rx.try_recv() {
+        assert!(
+            t.remote != "a" || t.to != Reachability::Reachable,
+            "{t:?} before the recovery"
+        );
+    }
+    a.set_fault(Fault::Up).await.expect("up");
+    let back = loop {
+        let t = next_transition(&mut rx, "a recovers").await;
+        if t.remote == "a" {
+            break t;
+        }
+    };
+    assert_eq!(
+        (back.from, back.to),
+        (Reachability::Unreachable, Reachability::Reachable)
+    );
+}
+
+#[tokio::test]
+async fn a_hanging_remote_never_delays_another_or_the_heartbeat() {
+    let hung = ApiServer::start(Options::default()).await.expect("server");
+    let healthy = ApiServer::start(Options::default()).await.expect("server");
+    hung.set_fault(Fault::Hang).await.expect("hang");
+    let config = fast(3, 1);
+    let interval = config.interval;
+    let probes = ProbeSet::new(config, &Registry::new()).expect("probe set");
+    probes
+        .sync(&[
+            Remote::new("hung", config_of(&hung).await),
+            Remote::new("healthy", config_of(&healthy).await),
+        ])
+        .expect("sync");
+    let handle = probes.handle();
+    let started = tokio::time::Instant::now();
+    timeout(DEADLINE, async {
+        while healthy.requests("/readyz") < 10 {
+            let age = handle.heartbeat().elapsed();
+            assert!(age < interval * 3, "heartbeat is {age:?} old");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the healthy remote keeps being probed");
+    // Ten probes at a 100ms interval: well under the time a serial loop
+    // stuck behind 50ms hangs would need, and never blocked outright.
+    assert!(started.elapsed() < DEADLINE);
+    until(&handle, "hung", "unreachable", |s| {
+        s.state == Reachability::Unreachable
+    })
+    .await;
+    let hung_status = handle
+        .status()
+        .into_iter()
+        .find(|s| s.name == "hung")
+        .expect("configured");
+    assert_eq!(hung_status.last_cause, Some(FailureCause::Timeout));
+}
+
+/// A `MakeWriter` that keeps every log line.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("not poisoned").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
+    type Writer = Self;
+    fn make_writer(&'a self) -> Self {
+        self.clone()
+    }
+}
+
+#[tokio::test]
+async fn no_secret_reaches_a_log_line_or_a_metric_label() {
+    const TOKEN: &str = "s3cret-bearer-token";
+    const PASSWORD: &str = "hunter2-userinfo";
+    let logs = Captured::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(logs.clone())
+        .with_max_level(tracing::Level::TRACE)
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let server = ApiServer::start(Options::default().token(TOKEN))
+        .await
+        .expect("server");
+    let mut config = config_of(&server).await;
+    config.cluster_url = format!("http://admin:{PASSWORD}@{}", server.addr())
+        .parse()
+        .expect("valid");
+    let registry = Registry::new();
+    let probes = ProbeSet::new(fast(3, 1), &registry).expect("probe set");
+    let mut rx = probes.handle().subscribe();
+    probes
+        .sync(&[Remote::new("a", config.clone())])
+        .expect("sync");
+    next_transition(&mut rx, "first").await;
+    server.set_fault(Fault::Reset).await.expect("reset");
+    next_transition(&mut rx, "lost").await;
+    server.set_fault(Fault::Up).await.expect("up");
+    next_transition(&mut rx, "back").await;
+    let rows = check(&[Remote::new("a", config)], &fast(3, 1))
+        .await
+        .expect("check");
+    let _ = writeln!(std::io::stderr(), "{rows:?}");
+    drop(probes);
+
+    let logs = String::from_utf8(logs.0.lock().expect("not poisoned").clone()).expect("utf-8");
+    assert!(
+        logs.contains("remote apiserver unreachable"),
+        "the logs were not captured:\n{logs}"
+    );
+    let metrics = metric_text(&registry);
+    for secret in [TOKEN, PASSWORD] {
+        assert!(!logs.contains(secret), "{secret} in the logs:\n{logs}");
+        assert!(
+            !metrics.contains(secret),
+            "{secret} in the metrics:\n{metrics}"
+        );
+        assert!(
+            !format!("{rows:?}").contains(secret),
+            "{secret} in check rows"
+        );
+    }
+}
+
+#[tokio::test]
+async fn check_probes_each_identity_once_and_reports_every_name() {
+    let up = ApiServer::start(Options::default()).await.expect("server");
+    let down = ApiServer::start(Options::default()).await.expect("server");
+    down.set_fault(Fault::Refuse).await.expect("refuse");
+    let config = config_of(&up).await;
+    let rows = check(
+        &[
+            Remote::new("b-alias", config.clone()),
+            Remote::new("a", config),
+            Remote::new("c-down", config_of(&down).await),
+        ],
+        &ProbeConfig::default(),
+    )
+    .await
+    .expect("check");
+    let names: Vec<_> = rows.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["a", "b-alias", "c-down"]);
+    assert_eq!(rows[0].result.outcome, Outcome::Reachable { status: 200 });
+    assert_eq!(rows[1].result.outcome, Outcome::Reachable { status: 200 });
+    assert_eq!(cause_of(&rows[2].result.outcome), FailureCause::Refused);
+    assert_eq!(up.requests("/readyz"), 1, "one identity was probed twice");
+}
