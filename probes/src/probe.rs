@@ -6,7 +6,7 @@ use http_body_util::BodyExt as _;
 use tokio::time::Instant;
 
 use crate::classify::{FailureCause, Outcome, ProbeResult, classify, root_cause};
-use crate::{Error, Result};
+use crate::{Error, ProbeConfig, Result};
 
 /// The most of a probe's response body that is read, so the connection can
 /// be reused; `/readyz` answers a few bytes.
@@ -15,23 +15,28 @@ const MAX_BODY: usize = 64 * 1024;
 /// Builds the client a probe uses from a remote's kube configuration.
 ///
 /// kube's defaults do not suit a probe: its retry policy retries a 503 for
-/// minutes, and it has no read timeout. This client has `default_retry`
-/// off and connect, read and write timeouts of `timeout`; every request is
-/// also wrapped in `tokio::time::timeout` by [`probe_once`].
+/// minutes, and it has no timeouts. This client has `default_retry` off,
+/// connect and write timeouts of `probe.timeout`, and a read timeout; every
+/// request is also bounded by `probe.timeout` in [`probe_once`].
+///
+/// The read timeout is twice the interval, not the probe's deadline: it also
+/// applies to a pooled connection idling between probes, and a shorter one
+/// would kill every connection before its next use, so each probe would pay
+/// for a new TCP and TLS handshake. The deadline bounds the probe itself.
 ///
 /// # Errors
 ///
 /// [`Error::Client`] if kube cannot build a client from the configuration
 /// (a bad certificate, say).
-pub fn probe_client(config: &kube::Config, timeout: Duration) -> Result<kube::Client> {
+pub fn probe_client(config: &kube::Config, probe: &ProbeConfig) -> Result<kube::Client> {
     let mut config = config.clone();
     // Userinfo in a server URL authenticates nothing for kube, but the URL
     // ends up in library trace logs; the probe's client never carries it.
     config.cluster_url = without_userinfo(&config.cluster_url);
     config.default_retry = false;
-    config.connect_timeout = Some(timeout);
-    config.read_timeout = Some(timeout);
-    config.write_timeout = Some(timeout);
+    config.connect_timeout = Some(probe.timeout);
+    config.write_timeout = Some(probe.timeout);
+    config.read_timeout = Some(probe.interval * 2);
     kube::Client::try_from(config).map_err(Error::Client)
 }
 

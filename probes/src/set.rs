@@ -451,7 +451,7 @@ async fn probe_loop(inner: &Inner, shared: &Shared, stop: &CancellationToken) {
                 .then(|| (generation, state.config.clone()))
         };
         if let Some((generation, kube_config)) = rebuild {
-            client = match probe_client(&kube_config, config.timeout) {
+            client = match probe_client(&kube_config, config) {
                 Ok(built) => Some((generation, built)),
                 Err(err) => {
                     let result = ProbeResult {
@@ -569,7 +569,7 @@ pub async fn check(remotes: &[Remote], config: &ProbeConfig) -> Result<Vec<Check
         groups.entry(identity).or_default().push(remote);
     }
     let probes = groups.into_iter().map(|(identity, group)| async move {
-        let result = match probe_client(&group[0].config, config.timeout) {
+        let result = match probe_client(&group[0].config, config) {
             Ok(client) => {
                 probe_once(
                     &client,

@@ -27,8 +27,15 @@ async fn config_of(server: &ApiServer) -> kube::Config {
         .expect("kubeconfig resolves")
 }
 
+/// Settings for one-off probes with a deadline of `TIMEOUT`.
+fn one_off() -> ProbeConfig {
+    ProbeConfig::default()
+        .with_interval(TIMEOUT * 2)
+        .with_timeout(TIMEOUT)
+}
+
 async fn probe(server: &ApiServer, statuses: &[u16]) -> Outcome {
-    let client = probe_client(&config_of(server).await, TIMEOUT).expect("client");
+    let client = probe_client(&config_of(server).await, &one_off()).expect("client");
     probe_once(&client, "/readyz", TIMEOUT, statuses)
         .await
         .outcome
@@ -107,7 +114,7 @@ async fn an_unresolvable_host_is_a_dns_failure() {
             .parse()
             .expect("valid"),
     );
-    let client = probe_client(&config, TIMEOUT).expect("client");
+    let client = probe_client(&config, &one_off()).expect("client");
     let outcome = probe_once(&client, "/readyz", TIMEOUT, &[]).await.outcome;
     assert_eq!(cause_of(&outcome), FailureCause::Dns, "{outcome:?}");
 }
@@ -299,6 +306,27 @@ async fn two_successes_are_needed_when_the_success_threshold_is_two() {
         server.requests("/readyz") - before >= 2,
         "recovered after one success"
     );
+}
+
+#[tokio::test]
+async fn probes_reuse_one_connection_between_ticks() {
+    let server = ApiServer::start(Options::default().tls(true))
+        .await
+        .expect("server");
+    let probes = ProbeSet::new(fast(3, 1), &Registry::new()).expect("probe set");
+    probes
+        .sync(&[Remote::new("a", config_of(&server).await)])
+        .expect("sync");
+    timeout(DEADLINE, async {
+        while server.requests("/readyz") < 10 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("ten probes happen");
+    // An idle pooled connection outlives the gap between probes: no new
+    // TCP and TLS handshake per probe.
+    assert_eq!(server.stats().connections_accepted, 1);
 }
 
 #[tokio::test]

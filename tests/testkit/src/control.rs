@@ -70,6 +70,7 @@ async fn handle(server: ApiServer, req: Request<Incoming>) -> Response<Full<Byte
                 json!({
                     "requests": stats.requests,
                     "openConnections": stats.open_connections,
+                    "connectionsAccepted": stats.connections_accepted,
                     "openWatches": stats.open_watches,
                     "resourceVersion": stats.resource_version,
                 })

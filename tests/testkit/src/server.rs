@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::os::fd::AsFd as _;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -138,6 +138,8 @@ pub struct Stats {
     pub requests: BTreeMap<String, u64>,
     /// Connections open now.
     pub open_connections: usize,
+    /// Connections accepted since the server started.
+    pub connections_accepted: u64,
     /// Watch streams open now.
     pub open_watches: usize,
     /// The store's current resource version.
@@ -163,6 +165,7 @@ pub(crate) struct Shared {
     state: Mutex<State>,
     requests: Mutex<BTreeMap<String, u64>>,
     open_connections: AtomicUsize,
+    connections_accepted: AtomicU64,
     pub(crate) open_watches: AtomicUsize,
 }
 
@@ -300,6 +303,7 @@ impl ApiServer {
             }),
             requests: Mutex::default(),
             open_connections: AtomicUsize::new(0),
+            connections_accepted: AtomicU64::new(0),
             open_watches: AtomicUsize::new(0),
             options,
         });
@@ -511,6 +515,7 @@ impl ApiServer {
         Stats {
             requests: lock(&self.shared.requests).clone(),
             open_connections: self.shared.open_connections.load(Ordering::SeqCst),
+            connections_accepted: self.shared.connections_accepted.load(Ordering::SeqCst),
             open_watches: self.shared.open_watches.load(Ordering::SeqCst),
             resource_version: self.shared.store.rv(),
         }
@@ -574,6 +579,7 @@ async fn serve_connection(
     tls: Option<Arc<ServerConfig>>,
 ) {
     shared.open_connections.fetch_add(1, Ordering::SeqCst);
+    shared.connections_accepted.fetch_add(1, Ordering::SeqCst);
     let _open = OpenConnection(Arc::clone(&shared));
     let _ = stream.set_nodelay(true);
     // A second handle on the socket, so it can be reset after hyper owns it.
