@@ -1,24 +1,244 @@
-//! The `tether` binary. Until the daemon is wired up, it only answers
-//! `--version` and says plainly that nothing else exists yet.
+//! `tether`: keeps a multi-cluster controller attached to the remote
+//! apiservers it watches.
+//!
+//! Exit codes: 0 success; 1 a failure at run time (`check` found an
+//! unreachable remote); 2 bad input (configuration, flags), with nothing
+//! started.
 
+use std::io::IsTerminal as _;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
+use clap::{Parser, Subcommand, ValueEnum};
+use tether_probes::{Identity, Outcome, ProbeResult};
+
+use tether::config::{Config, ConfigError};
+use tether::remote;
+
+/// Keeps a multi-cluster Kubernetes controller attached to the remote
+/// apiservers it watches.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Cli {
+    /// Log format: human-readable text, or JSON lines for pods.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the daemon (not built yet).
+    Run(ConfigArgs),
+    /// Probe every remote once and print a table; exit 1 if any is
+    /// unreachable.
+    Check(ConfigArgs),
+    /// Check the configuration and print what it means.
+    Validate(ConfigArgs),
+    /// Run against simulated remotes, lose one and bring it back (not built
+    /// yet).
+    Demo,
+}
+
+#[derive(Debug, clap::Args)]
+struct ConfigArgs {
+    /// The configuration file. Without one: defaults, and one remote from
+    /// the in-cluster config or the current kubeconfig context.
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
+
+/// The default log filter: tether at info, kube's client builder silenced
+/// (its trace layer logs every transport failure at ERROR, which the probes
+/// already report once, classified).
+const DEFAULT_FILTER: &str = "info,kube_client::client::builder=off";
+
+fn init_logs(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_FILTER));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+    }
+}
+
 fn main() -> ExitCode {
-    let version = env!("CARGO_PKG_VERSION");
-    match std::env::args().nth(1).as_deref() {
-        Some("--version" | "-V" | "version") => {
-            println!("tether {version}");
-            ExitCode::SUCCESS
+    let cli = Cli::parse();
+    init_logs(cli.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("tether: cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
         }
-        Some(command) => {
+    };
+    match cli.command {
+        Command::Validate(args) => runtime.block_on(validate(&args)),
+        Command::Check(args) => runtime.block_on(check(&args)),
+        Command::Run(_) | Command::Demo => {
             eprintln!(
-                "tether {version}: `{command}` is not yet available; only --version works so far"
+                "tether {}: this command is not yet available; `validate` and `check` work",
+                env!("CARGO_PKG_VERSION")
             );
             ExitCode::from(2)
         }
-        None => {
-            eprintln!("usage: tether --version");
-            ExitCode::from(2)
+    }
+}
+
+/// Bad input: say what and where, exit 2.
+fn bad_input(err: &ConfigError) -> ExitCode {
+    eprintln!("tether: invalid configuration: {err}");
+    ExitCode::from(2)
+}
+
+fn load(args: &ConfigArgs) -> Result<Config, ConfigError> {
+    match &args.config {
+        Some(path) => Config::load(path),
+        None => Ok(Config::defaults()),
+    }
+}
+
+async fn validate(args: &ConfigArgs) -> ExitCode {
+    let config = match load(args) {
+        Ok(config) => config,
+        Err(err) => return bad_input(&err),
+    };
+    let remotes = match remote::remotes(&config).await {
+        Ok(remotes) => remotes,
+        Err(err) => return bad_input(&err),
+    };
+    println!("configuration: {} is valid", config.label());
+    println!("admin address: {}", config.admin_address);
+    let p = &config.probe;
+    println!(
+        "probe: GET {} every {:?} ±{:.0}%, timeout {:?}, unreachable after {} failures, reachable after {} successes, unreachable statuses {:?}",
+        p.path,
+        p.interval,
+        p.jitter * 100.0,
+        p.timeout,
+        p.failure_threshold,
+        p.success_threshold,
+        p.unreachable_statuses
+    );
+    let s = &config.supervisor;
+    println!(
+        "supervisor: backoff {:?}..{:?} ×{} ±{:.0}%, stable after {:?}, shutdown grace {:?}, rebuild on recovery: {}",
+        s.backoff.initial,
+        s.backoff.max,
+        s.backoff.factor,
+        s.backoff.jitter * 100.0,
+        s.stable_after,
+        s.shutdown_grace,
+        config.rebuild_on_recovery
+    );
+    println!("remotes:");
+    for spec in &config.remotes {
+        let gate = if spec.required {
+            "required"
+        } else {
+            "optional"
+        };
+        println!("  {} ({gate}): {}", spec.name, spec.source);
+    }
+    println!("watch:");
+    for watch in &config.watch {
+        let scope = watch
+            .namespace
+            .as_deref()
+            .map_or("all namespaces".to_owned(), |ns| format!("namespace {ns}"));
+        let selector = watch
+            .label_selector
+            .as_deref()
+            .map_or(String::new(), |l| format!(", labels {l}"));
+        println!("  {} {} ({scope}{selector})", watch.api_version, watch.kind);
+    }
+    println!("probe identities (each probed once):");
+    let mut identities: std::collections::BTreeMap<Identity, Vec<&str>> =
+        std::collections::BTreeMap::new();
+    for remote in &remotes {
+        match Identity::of(&remote.config) {
+            Ok(identity) => identities.entry(identity).or_default().push(&remote.name),
+            Err(err) => {
+                eprintln!(
+                    "tether: invalid configuration: remote {}: {err}",
+                    remote.name
+                );
+                return ExitCode::from(2);
+            }
         }
+    }
+    for (identity, names) in identities {
+        let tls = identity
+            .tls_server_name
+            .as_deref()
+            .map_or(String::new(), |n| format!(", TLS name {n}"));
+        let ca = if identity.ca_hash == 0 {
+            String::new()
+        } else {
+            format!(", CA {:016x}", identity.ca_hash)
+        };
+        println!("  {}{tls}{ca}: {}", identity.url, names.join(", "));
+    }
+    ExitCode::SUCCESS
+}
+
+fn describe(result: &ProbeResult) -> (&'static str, String) {
+    match &result.outcome {
+        Outcome::Reachable { status } => ("reachable", status.to_string()),
+        Outcome::Unreachable { cause, error } => ("unreachable", format!("{cause}: {error}")),
+        Outcome::LocalError { error } => ("error", format!("local: {error}")),
+    }
+}
+
+async fn check(args: &ConfigArgs) -> ExitCode {
+    let config = match load(args) {
+        Ok(config) => config,
+        Err(err) => return bad_input(&err),
+    };
+    let remotes = match remote::remotes(&config).await {
+        Ok(remotes) => remotes,
+        Err(err) => return bad_input(&err),
+    };
+    let rows = match tether_probes::check(&remotes, &config.probe).await {
+        Ok(rows) => rows,
+        Err(err) => {
+            eprintln!("tether: invalid configuration: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    let width = rows.iter().map(|r| r.name.len()).max().unwrap_or(4).max(4);
+    let host_width = rows.iter().map(|r| r.host.len()).max().unwrap_or(4).max(4);
+    println!(
+        "{:width$}  {:host_width$}  {:11}  {:>9}  STATUS/CAUSE",
+        "NAME", "HOST", "STATE", "LATENCY"
+    );
+    let mut all_reachable = true;
+    for row in &rows {
+        let (state, detail) = describe(&row.result);
+        all_reachable &= state == "reachable";
+        println!(
+            "{:width$}  {:host_width$}  {state:11}  {:>7.1}ms  {detail}",
+            row.name,
+            row.host,
+            row.result.latency.as_secs_f64() * 1000.0
+        );
+    }
+    if all_reachable {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     }
 }

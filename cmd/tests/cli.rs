@@ -1,12 +1,46 @@
 //! The binary's command line, run as a real process.
 
-use std::process::Command;
+use std::path::Path;
+use std::process::{Command, Output};
 
-fn tether(args: &[&str]) -> std::process::Output {
+fn tether(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_tether"))
         .args(args)
+        .env_remove("RUST_LOG")
         .output()
         .expect("the tether binary runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A folder with a config file (and the files it points to).
+struct Setup {
+    dir: tempfile::TempDir,
+}
+
+impl Setup {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::write(
+            dir.path().join("ca.crt"),
+            "not checked until a client is built\n",
+        )
+        .expect("write");
+        std::fs::write(dir.path().join("token"), "t0ken\n").expect("write");
+        Self { dir }
+    }
+
+    fn config(&self, yaml: &str) -> String {
+        let path = self.dir.path().join("tether.yaml");
+        std::fs::write(&path, yaml).expect("write config");
+        path.display().to_string()
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
 }
 
 #[test]
@@ -14,14 +48,144 @@ fn version_prints_the_crate_version() {
     let out = tether(&["--version"]);
     assert!(out.status.success());
     assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
+        text(&out.stdout).trim(),
         format!("tether {}", env!("CARGO_PKG_VERSION"))
     );
 }
 
 #[test]
-fn a_command_that_does_not_exist_yet_exits_2_and_says_so() {
-    let out = tether(&["demo"]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("`demo` is not yet available"));
+fn commands_not_built_yet_exit_2_and_say_so() {
+    for command in ["demo", "run"] {
+        let out = tether(&[command]);
+        assert_eq!(out.status.code(), Some(2), "{command}");
+        assert!(text(&out.stderr).contains("not yet available"), "{command}");
+    }
+}
+
+#[test]
+fn every_config_mistake_exits_2_naming_the_file_and_the_field() {
+    const REMOTE: &str = "remotes: [{name: a, server: \"https://10.0.0.7:6443\"}]\n";
+    let cases: &[(&str, String, &str)] = &[
+        ("an unknown top-level key", format!("remotess: []\n{REMOTE}"), "remotess"),
+        ("an unknown remote key", "remotes: [{name: a, server: \"https://h:6443\", tokenFle: x}]\n".to_owned(), "tokenFle"),
+        ("a duplicate name", "remotes: [{name: a, server: \"https://h:6443\"}, {name: a, server: \"https://g:6443\"}]\n".to_owned(), "remotes[1].name"),
+        ("an invalid name", "remotes: [{name: \"Cluster A\", server: \"https://h:6443\"}]\n".to_owned(), "remotes[0].name"),
+        ("a bad URL", "remotes: [{name: a, server: \"ftp://h\"}]\n".to_owned(), "remotes[0].server"),
+        ("a missing CA file", "remotes: [{name: a, server: \"https://h:6443\", caFile: missing.crt}]\n".to_owned(), "remotes[0].caFile"),
+        ("a missing kubeconfig", "remotes: [{name: a, kubeconfig: nope.yaml}]\n".to_owned(), "remotes[0].kubeconfig"),
+        ("kubeconfig and server both", "remotes: [{name: a, kubeconfig: token, server: \"https://h:6443\"}]\n".to_owned(), "remotes[0]"),
+        ("a timeout over half the interval", format!("probe: {{interval: 10s, timeout: 6s}}\n{REMOTE}"), "probe.timeout"),
+        ("a zero failure threshold", format!("probe: {{failureThreshold: 0}}\n{REMOTE}"), "probe.failureThreshold"),
+        ("a bad duration", format!("probe: {{interval: 10x}}\n{REMOTE}"), "probe.interval"),
+        ("a backoff jitter out of range", format!("supervisor: {{backoff: {{jitter: 1.5}}}}\n{REMOTE}"), "supervisor.backoff.jitter"),
+        ("an unknown watch kind", format!("{REMOTE}watch: [{{apiVersion: v9, kind: Gadget}}]\n"), "watch[0]"),
+        ("a bad admin address", format!("admin: {{address: nine-oh-nine-oh}}\n{REMOTE}"), "admin.address"),
+        ("no remotes", "remotes: []\n".to_owned(), "remotes"),
+        ("a wrong type", format!("probe: {{failureThreshold: three}}\n{REMOTE}"), "failureThreshold"),
+    ];
+    for (what, yaml, field) in cases {
+        let setup = Setup::new();
+        let file = setup.config(yaml);
+        for command in ["validate", "check"] {
+            let out = tether(&[command, "--config", &file]);
+            let stderr = text(&out.stderr);
+            assert_eq!(
+                out.status.code(),
+                Some(2),
+                "{what} ({command}): exit {:?}, stderr {stderr}",
+                out.status
+            );
+            assert!(
+                stderr.contains(&file),
+                "{what}: the message does not name the file: {stderr}"
+            );
+            assert!(
+                stderr.contains(field),
+                "{what}: the message does not name {field}: {stderr}"
+            );
+            assert!(
+                out.stdout.is_empty(),
+                "{what}: printed something besides the error"
+            );
+        }
+    }
+}
+
+#[test]
+fn validate_prints_the_normalized_config_and_deduplicated_identities() {
+    let setup = Setup::new();
+    let file = setup.config(
+        "probe: {interval: 4s, timeout: 2s}\n\
+         remotes:\n\
+         - {name: a, server: \"https://API.example.com:6443/\", tokenFile: token}\n\
+         - {name: a-alias, server: \"https://api.example.com:6443\", tokenFile: token}\n\
+         - {name: b, server: \"https://admin:hunter2@10.0.0.8:6443\", required: false}\n",
+    );
+    let out = tether(&["validate", "--config", &file]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(stdout.contains("every 4s"), "{stdout}");
+    assert!(
+        stdout.contains("https://api.example.com:6443: a, a-alias"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("https://10.0.0.8:6443: b"), "{stdout}");
+    assert!(stdout.contains("b (optional)"), "{stdout}");
+    assert!(
+        !stdout.contains("hunter2"),
+        "userinfo was printed: {stdout}"
+    );
+    let _ = setup.path();
+}
+
+mod check {
+    use tether_testkit::{ApiServer, Fault, Options};
+
+    use super::*;
+
+    fn kubeconfig(setup: &Setup, name: &str, server: &ApiServer) -> String {
+        let path = setup.path().join(format!("{name}.kubeconfig"));
+        server.kubeconfig().write(&path).expect("kubeconfig");
+        path.display().to_string()
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn check_exits_0_when_all_are_reachable_and_1_when_one_is_not() {
+        let a = ApiServer::start(Options::default().tls(true).token("s3cret"))
+            .await
+            .expect("server");
+        let b = ApiServer::start(Options::default()).await.expect("server");
+        let setup = Setup::new();
+        let file = setup.config(&format!(
+            "remotes:\n- {{name: a, kubeconfig: {}}}\n- {{name: b, kubeconfig: {}}}\n",
+            kubeconfig(&setup, "a", &a),
+            kubeconfig(&setup, "b", &b),
+        ));
+        let run = |file: String| {
+            tokio::task::spawn_blocking(move || tether(&["check", "--config", &file]))
+        };
+
+        let out = run(file.clone()).await.expect("ran");
+        let stdout = text(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+        assert_eq!(
+            stdout.lines().filter(|l| l.contains("reachable")).count(),
+            2,
+            "{stdout}"
+        );
+        assert!(!stdout.contains("s3cret"));
+
+        b.set_fault(Fault::Refuse).await.expect("refuse");
+        let out = run(file).await.expect("ran");
+        let stdout = text(&out.stdout);
+        assert_eq!(out.status.code(), Some(1), "{stdout}");
+        let row = stdout
+            .lines()
+            .find(|l| l.starts_with("b "))
+            .expect("a row for b");
+        assert!(
+            row.contains("unreachable") && row.contains("refused"),
+            "{row}"
+        );
+    }
 }

@@ -1,0 +1,681 @@
+//! The configuration file: YAML, camelCase keys, durations as strings.
+//!
+//! Parsing rejects unknown keys and wrong types; validation then checks every
+//! value and names the file and the field path of the first bad one
+//! (`remotes[1].server: invalid URL ...`).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use tether_probes::ProbeConfig;
+use tether_supervisor::{BackoffConfig, SupervisorConfig};
+
+/// A configuration error: the file, the field path and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}: {field}: {message}")]
+pub struct ConfigError {
+    /// The file, or `<defaults>` when there is none.
+    pub file: String,
+    /// The field path, such as `remotes[1].server`.
+    pub field: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+/// The resource types the built-in manager can cache: `(apiVersion, kind)`
+/// to `(plural, namespaced)`.
+const KNOWN_KINDS: [(&str, &str, &str, bool); 8] = [
+    ("v1", "Namespace", "namespaces", false),
+    ("v1", "ConfigMap", "configmaps", true),
+    ("v1", "Secret", "secrets", true),
+    ("v1", "Service", "services", true),
+    ("v1", "Pod", "pods", true),
+    ("v1", "Node", "nodes", false),
+    ("apps/v1", "Deployment", "deployments", true),
+    ("coordination.k8s.io/v1", "Lease", "leases", true),
+];
+
+/// Where a remote's connection settings come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RemoteSource {
+    /// A kubeconfig file, and a context in it (default: its current one).
+    Kubeconfig {
+        /// The file.
+        path: PathBuf,
+        /// The context.
+        context: Option<String>,
+    },
+    /// Direct fields.
+    Direct {
+        /// The server URL.
+        server: String,
+        /// The CA bundle to trust.
+        ca_file: Option<PathBuf>,
+        /// A file holding the bearer token.
+        token_file: Option<PathBuf>,
+        /// Skip server certificate verification (logged as a warning).
+        insecure_skip_tls_verify: bool,
+    },
+    /// In a pod, the in-cluster config; elsewhere the current kubeconfig
+    /// context. Only when tether runs without a config file.
+    Inferred,
+}
+
+/// One configured remote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteSpec {
+    /// The unique name: the `remote` label.
+    pub name: String,
+    /// Whether its caches gate `/readyz`.
+    pub required: bool,
+    /// How to reach it.
+    pub source: RemoteSource,
+}
+
+/// One resource type the built-in manager caches on every remote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchSpec {
+    /// `v1`, `apps/v1`, ...
+    pub api_version: String,
+    /// `ConfigMap`, ...
+    pub kind: String,
+    /// The plural, as in API paths.
+    pub plural: String,
+    /// Whether the kind is namespaced.
+    pub namespaced: bool,
+    /// Only this namespace, if set.
+    pub namespace: Option<String>,
+    /// Only objects matching this label selector, if set.
+    pub label_selector: Option<String>,
+}
+
+impl WatchSpec {
+    /// The `resource` label: `configmaps`, `deployments.apps`, ...
+    #[must_use]
+    pub fn resource_label(&self) -> String {
+        match self.api_version.split_once('/') {
+            Some((group, _)) => format!("{}.{group}", self.plural),
+            None => self.plural.clone(),
+        }
+    }
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// The file it came from, if any.
+    pub file: Option<PathBuf>,
+    /// The admin server's address.
+    pub admin_address: SocketAddr,
+    /// How remotes are probed.
+    pub probe: ProbeConfig,
+    /// The cycle loop.
+    pub supervisor: SupervisorConfig,
+    /// Whether a recovered remote ends the cycle, so clients reconnect fresh.
+    pub rebuild_on_recovery: bool,
+    /// The remotes, in file order.
+    pub remotes: Vec<RemoteSpec>,
+    /// What the built-in manager caches.
+    pub watch: Vec<WatchSpec>,
+}
+
+// The file's shape. Everything optional is defaulted in `validate`, so that
+// every error can name its field.
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawConfig {
+    admin: Option<RawAdmin>,
+    probe: Option<RawProbe>,
+    supervisor: Option<RawSupervisor>,
+    remotes: Option<Vec<RawRemote>>,
+    watch: Option<Vec<RawWatch>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawAdmin {
+    address: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawProbe {
+    path: Option<String>,
+    interval: Option<String>,
+    timeout: Option<String>,
+    failure_threshold: Option<u32>,
+    success_threshold: Option<u32>,
+    jitter: Option<f64>,
+    unreachable_statuses: Option<Vec<u16>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawBackoff {
+    initial: Option<String>,
+    max: Option<String>,
+    factor: Option<f64>,
+    jitter: Option<f64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawSupervisor {
+    backoff: Option<RawBackoff>,
+    stable_after: Option<String>,
+    shutdown_grace: Option<String>,
+    rebuild_on_recovery: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawRemote {
+    name: Option<String>,
+    kubeconfig: Option<String>,
+    context: Option<String>,
+    required: Option<bool>,
+    server: Option<String>,
+    ca_file: Option<String>,
+    token_file: Option<String>,
+    insecure_skip_tls_verify: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawWatch {
+    api_version: Option<String>,
+    kind: Option<String>,
+    namespace: Option<String>,
+    label_selector: Option<String>,
+}
+
+/// Parses `10s`, `500ms`, `2m`, `1h`.
+///
+/// # Errors
+///
+/// A message saying what a duration looks like.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let bad = || {
+        format!(
+            "invalid duration {text:?}: expected a whole number and a unit, like 500ms, 10s, 2m or 1h"
+        )
+    };
+    let number: u64 = number.parse().map_err(|_| bad())?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(number)),
+        "s" => Ok(Duration::from_secs(number)),
+        "m" => Ok(Duration::from_secs(number * 60)),
+        "h" => Ok(Duration::from_secs(number * 3600)),
+        _ => Err(bad()),
+    }
+}
+
+/// A remote name is a Prometheus label value and a log field: keep it to
+/// DNS-label characters.
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name.chars().all(|c| {
+            c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.' || c == '_'
+        })
+}
+
+struct Checker<'a> {
+    file: &'a str,
+    base: &'a Path,
+}
+
+impl Checker<'_> {
+    fn error(&self, field: impl Into<String>, message: impl Into<String>) -> ConfigError {
+        ConfigError {
+            file: self.file.to_owned(),
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+
+    fn duration(
+        &self,
+        field: &str,
+        value: Option<&String>,
+        default: Duration,
+    ) -> Result<Duration, ConfigError> {
+        value.map_or(Ok(default), |v| {
+            parse_duration(v).map_err(|e| self.error(field, e))
+        })
+    }
+
+    /// A path relative to the config file's folder, which must exist.
+    fn existing_file(&self, field: &str, value: &str) -> Result<PathBuf, ConfigError> {
+        let path = self.base.join(value);
+        if path.is_file() {
+            Ok(path)
+        } else {
+            Err(self.error(field, format!("file {} does not exist", path.display())))
+        }
+    }
+
+    fn probe(&self, raw: RawProbe) -> Result<ProbeConfig, ConfigError> {
+        let defaults = ProbeConfig::default();
+        let config = ProbeConfig {
+            path: raw.path.unwrap_or(defaults.path),
+            interval: self.duration("probe.interval", raw.interval.as_ref(), defaults.interval)?,
+            timeout: self.duration("probe.timeout", raw.timeout.as_ref(), defaults.timeout)?,
+            failure_threshold: raw.failure_threshold.unwrap_or(defaults.failure_threshold),
+            success_threshold: raw.success_threshold.unwrap_or(defaults.success_threshold),
+            jitter: raw.jitter.unwrap_or(defaults.jitter),
+            unreachable_statuses: raw.unreachable_statuses.unwrap_or_default(),
+        };
+        config.validate().map_err(|err| match err {
+            tether_probes::Error::InvalidConfig { field, reason } => self.error(field, reason),
+            other => self.error("probe", other.to_string()),
+        })?;
+        Ok(config)
+    }
+
+    fn supervisor(&self, raw: RawSupervisor) -> Result<(SupervisorConfig, bool), ConfigError> {
+        let defaults = SupervisorConfig::default();
+        let backoff = raw.backoff.unwrap_or_default();
+        let config = SupervisorConfig::default()
+            .with_backoff(BackoffConfig {
+                initial: self.duration(
+                    "supervisor.backoff.initial",
+                    backoff.initial.as_ref(),
+                    defaults.backoff.initial,
+                )?,
+                max: self.duration(
+                    "supervisor.backoff.max",
+                    backoff.max.as_ref(),
+                    defaults.backoff.max,
+                )?,
+                factor: backoff.factor.unwrap_or(defaults.backoff.factor),
+                jitter: backoff.jitter.unwrap_or(defaults.backoff.jitter),
+            })
+            .with_stable_after(self.duration(
+                "supervisor.stableAfter",
+                raw.stable_after.as_ref(),
+                defaults.stable_after,
+            )?)
+            .with_shutdown_grace(self.duration(
+                "supervisor.shutdownGrace",
+                raw.shutdown_grace.as_ref(),
+                defaults.shutdown_grace,
+            )?);
+        config.validate().map_err(|err| match err {
+            tether_supervisor::Error::InvalidConfig { field, reason } => {
+                self.error(format!("supervisor.{field}"), reason)
+            }
+            // Validation only ever reports an invalid setting.
+            other @ tether_supervisor::Error::RegisterMetrics(_) => {
+                self.error("supervisor", other.to_string())
+            }
+        })?;
+        Ok((config, raw.rebuild_on_recovery.unwrap_or(true)))
+    }
+
+    fn remotes(&self, raw: Vec<RawRemote>) -> Result<Vec<RemoteSpec>, ConfigError> {
+        if raw.is_empty() {
+            return Err(self.error("remotes", "at least one remote is needed"));
+        }
+        let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+        let mut remotes = Vec::with_capacity(raw.len());
+        for (i, remote) in raw.into_iter().enumerate() {
+            let at = |field: &str| format!("remotes[{i}].{field}");
+            let name = remote
+                .name
+                .ok_or_else(|| self.error(at("name"), "is required"))?;
+            if !valid_name(&name) {
+                return Err(self.error(
+                    at("name"),
+                    format!("{name:?} must be 1-63 lower-case letters, digits, '-', '.' or '_'"),
+                ));
+            }
+            if let Some(first) = seen.insert(name.clone(), i) {
+                return Err(self.error(
+                    at("name"),
+                    format!("{name:?} is already the name of remotes[{first}]"),
+                ));
+            }
+            let source = match (remote.kubeconfig, remote.server) {
+                (Some(_), Some(_)) => {
+                    return Err(self.error(
+                        format!("remotes[{i}]"),
+                        "set either kubeconfig or server, not both",
+                    ));
+                }
+                (None, None) => {
+                    return Err(
+                        self.error(format!("remotes[{i}]"), "needs a kubeconfig or a server")
+                    );
+                }
+                (Some(path), None) => {
+                    for (field, set) in [
+                        ("caFile", remote.ca_file.is_some()),
+                        ("tokenFile", remote.token_file.is_some()),
+                        (
+                            "insecureSkipTlsVerify",
+                            remote.insecure_skip_tls_verify.is_some(),
+                        ),
+                    ] {
+                        if set {
+                            return Err(self.error(
+                                at(field),
+                                "only goes with server; the kubeconfig says how to connect",
+                            ));
+                        }
+                    }
+                    RemoteSource::Kubeconfig {
+                        path: self.existing_file(&at("kubeconfig"), &path)?,
+                        context: remote.context,
+                    }
+                }
+                (None, Some(server)) => {
+                    if remote.context.is_some() {
+                        return Err(self.error(at("context"), "only goes with kubeconfig"));
+                    }
+                    let uri: http::Uri = server.parse().map_err(|e| {
+                        self.error(at("server"), format!("invalid URL {server:?}: {e}"))
+                    })?;
+                    tether_probes::normalize_url(&uri).map_err(|e| {
+                        self.error(at("server"), format!("invalid URL {server:?}: {e}"))
+                    })?;
+                    RemoteSource::Direct {
+                        server,
+                        ca_file: remote
+                            .ca_file
+                            .map(|f| self.existing_file(&at("caFile"), &f))
+                            .transpose()?,
+                        token_file: remote
+                            .token_file
+                            .map(|f| self.existing_file(&at("tokenFile"), &f))
+                            .transpose()?,
+                        insecure_skip_tls_verify: remote.insecure_skip_tls_verify.unwrap_or(false),
+                    }
+                }
+            };
+            remotes.push(RemoteSpec {
+                name,
+                required: remote.required.unwrap_or(true),
+                source,
+            });
+        }
+        Ok(remotes)
+    }
+
+    fn watch(&self, raw: Vec<RawWatch>) -> Result<Vec<WatchSpec>, ConfigError> {
+        raw.into_iter()
+            .enumerate()
+            .map(|(i, watch)| {
+                let api_version = watch
+                    .api_version
+                    .ok_or_else(|| self.error(format!("watch[{i}].apiVersion"), "is required"))?;
+                let kind = watch
+                    .kind
+                    .ok_or_else(|| self.error(format!("watch[{i}].kind"), "is required"))?;
+                let (_, _, plural, namespaced) = KNOWN_KINDS
+                    .iter()
+                    .find(|(v, k, _, _)| *v == api_version && *k == kind)
+                    .ok_or_else(|| {
+                        let known: Vec<String> = KNOWN_KINDS
+                            .iter()
+                            .map(|(v, k, _, _)| format!("{v}/{k}"))
+                            .collect();
+                        self.error(
+                            format!("watch[{i}]"),
+                            format!(
+                                "unknown apiVersion/kind {api_version}/{kind}; known: {}",
+                                known.join(", ")
+                            ),
+                        )
+                    })?;
+                if !namespaced && watch.namespace.is_some() {
+                    return Err(self.error(
+                        format!("watch[{i}].namespace"),
+                        format!("{kind} is not namespaced"),
+                    ));
+                }
+                Ok(WatchSpec {
+                    api_version,
+                    kind,
+                    plural: (*plural).to_owned(),
+                    namespaced: *namespaced,
+                    namespace: watch.namespace,
+                    label_selector: watch.label_selector,
+                })
+            })
+            .collect()
+    }
+}
+
+/// The key whose value a parse error points at: serde-saphyr's messages
+/// say `line L column C` but, for a wrong type, not which field; the key is
+/// the last `name:` before that column.
+fn key_near_error(text: &str, message: &str) -> Option<String> {
+    let rest = message.split_once("line ")?.1;
+    let (line, rest) = rest.split_once(" column ")?;
+    let line: usize = line.trim().parse().ok()?;
+    let column: usize = rest
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()?;
+    let source = text.lines().nth(line.checked_sub(1)?)?;
+    let before: String = source.chars().take(column.saturating_sub(1)).collect();
+    let colon = before.trim_end().strip_suffix(':')?;
+    let key: String = colon
+        .chars()
+        .rev()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    (!key.is_empty()).then(|| format!("(syntax) at {key}"))
+}
+
+/// The default watch list: namespaces, enough to prove a remote's watch
+/// path works.
+fn default_watch() -> Vec<WatchSpec> {
+    vec![WatchSpec {
+        api_version: "v1".to_owned(),
+        kind: "Namespace".to_owned(),
+        plural: "namespaces".to_owned(),
+        namespaced: false,
+        namespace: None,
+        label_selector: None,
+    }]
+}
+
+impl Config {
+    /// Reads and validates `path`.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the file and the field.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: file.clone(),
+            field: "(file)".to_owned(),
+            message: format!("cannot read it: {e}"),
+        })?;
+        let base = path.parent().unwrap_or_else(|| Path::new("."));
+        Self::parse(&text, &file, base).map(|mut config| {
+            config.file = Some(path.to_owned());
+            config
+        })
+    }
+
+    /// Parses and validates `text`; relative paths resolve against `base`.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming `file` and the field.
+    pub fn parse(text: &str, file: &str, base: &Path) -> Result<Self, ConfigError> {
+        let raw: RawConfig = if text.trim().is_empty() {
+            RawConfig::default()
+        } else {
+            serde_saphyr::from_str(text).map_err(|e| {
+                let message = e
+                    .to_string()
+                    .lines()
+                    .next()
+                    .unwrap_or("invalid YAML")
+                    .to_owned();
+                ConfigError {
+                    file: file.to_owned(),
+                    field: key_near_error(text, &message).unwrap_or_else(|| "(syntax)".to_owned()),
+                    message,
+                }
+            })?
+        };
+        let check = Checker { file, base };
+        let admin_address = raw
+            .admin
+            .and_then(|a| a.address)
+            .unwrap_or_else(|| "0.0.0.0:9090".to_owned());
+        let admin_address = admin_address.parse().map_err(|e| {
+            check.error(
+                "admin.address",
+                format!("{admin_address:?} is not an address like 0.0.0.0:9090: {e}"),
+            )
+        })?;
+        let probe = check.probe(raw.probe.unwrap_or_default())?;
+        let (supervisor, rebuild_on_recovery) =
+            check.supervisor(raw.supervisor.unwrap_or_default())?;
+        let remotes = check.remotes(raw.remotes.unwrap_or_default())?;
+        let watch = match raw.watch {
+            Some(watch) if !watch.is_empty() => check.watch(watch)?,
+            _ => default_watch(),
+        };
+        Ok(Self {
+            file: None,
+            admin_address,
+            probe,
+            supervisor,
+            rebuild_on_recovery,
+            remotes,
+            watch,
+        })
+    }
+
+    /// The configuration without a file: defaults, and one remote from the
+    /// environment (in-cluster in a pod, else the current kubeconfig context).
+    #[must_use]
+    pub fn defaults() -> Self {
+        Self {
+            file: None,
+            admin_address: SocketAddr::from(([0, 0, 0, 0], 9090)),
+            probe: ProbeConfig::default(),
+            supervisor: SupervisorConfig::default(),
+            rebuild_on_recovery: true,
+            remotes: vec![RemoteSpec {
+                name: "default".to_owned(),
+                required: true,
+                source: RemoteSource::Inferred,
+            }],
+            watch: default_watch(),
+        }
+    }
+
+    /// The label for errors: the file, or `<defaults>`.
+    #[must_use]
+    pub fn label(&self) -> String {
+        self.file
+            .as_ref()
+            .map_or_else(|| "<defaults>".to_owned(), |f| f.display().to_string())
+    }
+}
+
+impl fmt::Display for RemoteSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Kubeconfig { path, context } => {
+                write!(f, "kubeconfig {}", path.display())?;
+                if let Some(context) = context {
+                    write!(f, " (context {context})")?;
+                }
+                Ok(())
+            }
+            Self::Direct {
+                server,
+                insecure_skip_tls_verify,
+                ..
+            } => {
+                let uri: Option<http::Uri> = server.parse().ok();
+                let shown = uri.map_or_else(
+                    || server.clone(),
+                    |u| tether_probes::without_userinfo(&u).to_string(),
+                );
+                write!(f, "server {shown}")?;
+                if *insecure_skip_tls_verify {
+                    write!(f, " (TLS verification OFF)")?;
+                }
+                Ok(())
+            }
+            Self::Inferred => f.write_str("in-cluster config, or the current kubeconfig context"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_with_units() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        for bad in ["10", "s", "1.5s", "10x", ""] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_parse_error_names_the_key_it_points_at() {
+        let text = "probe: {failureThreshold: three}";
+        let message = "error: line 1 column 27: invalid u32";
+        assert_eq!(
+            key_near_error(text, message).as_deref(),
+            Some("(syntax) at failureThreshold")
+        );
+        assert_eq!(key_near_error(text, "no location"), None);
+    }
+
+    #[test]
+    fn an_empty_file_needs_remotes() {
+        let err = Config::parse("", "t.yaml", Path::new(".")).expect_err("no remotes");
+        assert_eq!(
+            err.to_string(),
+            "t.yaml: remotes: at least one remote is needed"
+        );
+    }
+
+    #[test]
+    fn defaults_follow_the_design() {
+        let config = Config::parse(
+            "remotes: [{name: a, server: \"https://h:6443\"}]",
+            "t.yaml",
+            Path::new("."),
+        )
+        .expect("valid");
+        assert_eq!(config.admin_address, "0.0.0.0:9090".parse().expect("valid"));
+        assert_eq!(config.probe, ProbeConfig::default());
+        assert_eq!(config.supervisor, SupervisorConfig::default());
+        assert!(config.rebuild_on_recovery);
+        assert!(config.remotes[0].required);
+        assert_eq!(config.watch[0].resource_label(), "namespaces");
+    }
+}

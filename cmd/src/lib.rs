@@ -1,0 +1,6 @@
+//! The tether daemon as a library: configuration and the wiring of remotes
+//! to kube clients. The `tether` binary is a thin layer over it.
+#![deny(missing_docs)]
+
+pub mod config;
+pub mod remote;

@@ -1,0 +1,146 @@
+//! Turning configured remotes into kube client configurations.
+
+use kube::config::{
+    AuthInfo, Cluster, Context, KubeConfigOptions, Kubeconfig, NamedAuthInfo, NamedCluster,
+    NamedContext,
+};
+use tether_probes::{Remote, without_userinfo};
+use tracing::warn;
+
+use crate::config::{Config, ConfigError, RemoteSource, RemoteSpec};
+
+/// The innermost cause's message.
+fn root(error: &(dyn std::error::Error + 'static)) -> String {
+    tether_probes::root_cause(error)
+}
+
+/// A kubeconfig with one cluster, user and context, from direct fields.
+fn direct_kubeconfig(
+    name: &str,
+    server: &str,
+    ca_file: Option<&std::path::Path>,
+    token_file: Option<&std::path::Path>,
+    insecure: bool,
+) -> Kubeconfig {
+    Kubeconfig {
+        clusters: vec![NamedCluster {
+            name: name.to_owned(),
+            cluster: Some(Cluster {
+                server: Some(server.to_owned()),
+                certificate_authority: ca_file.map(|p| p.display().to_string()),
+                insecure_skip_tls_verify: Some(insecure),
+                ..Cluster::default()
+            }),
+            ..NamedCluster::default()
+        }],
+        auth_infos: vec![NamedAuthInfo {
+            name: name.to_owned(),
+            auth_info: Some(AuthInfo {
+                token_file: token_file.map(|p| p.display().to_string()),
+                ..AuthInfo::default()
+            }),
+            ..NamedAuthInfo::default()
+        }],
+        contexts: vec![NamedContext {
+            name: name.to_owned(),
+            context: Some(Context {
+                cluster: name.to_owned(),
+                user: Some(name.to_owned()),
+                ..Context::default()
+            }),
+            ..NamedContext::default()
+        }],
+        current_context: Some(name.to_owned()),
+        ..Kubeconfig::default()
+    }
+}
+
+/// Builds the kube configuration of remote `index` of `config`.
+///
+/// # Errors
+///
+/// A [`ConfigError`] naming `remotes[index]` and the field that failed.
+pub async fn kube_config(
+    config: &Config,
+    index: usize,
+    spec: &RemoteSpec,
+) -> Result<kube::Config, ConfigError> {
+    let error = |field: &str, message: String| ConfigError {
+        file: config.label(),
+        field: format!("remotes[{index}]{field}"),
+        message,
+    };
+    let mut kube_config = match &spec.source {
+        RemoteSource::Kubeconfig { path, context } => {
+            let kubeconfig = Kubeconfig::read_from(path).map_err(|e| {
+                error(
+                    ".kubeconfig",
+                    format!("cannot load {}: {}", path.display(), root(&e)),
+                )
+            })?;
+            let options = KubeConfigOptions {
+                context: context.clone(),
+                ..KubeConfigOptions::default()
+            };
+            kube::Config::from_custom_kubeconfig(kubeconfig, &options)
+                .await
+                .map_err(|e| {
+                    let field = if context.is_some() {
+                        ".context"
+                    } else {
+                        ".kubeconfig"
+                    };
+                    error(field, root(&e))
+                })?
+        }
+        RemoteSource::Direct {
+            server,
+            ca_file,
+            token_file,
+            insecure_skip_tls_verify,
+        } => {
+            if *insecure_skip_tls_verify {
+                warn!(remote = %spec.name, "insecureSkipTlsVerify is set: the server's certificate is not verified");
+            }
+            let kubeconfig = direct_kubeconfig(
+                &spec.name,
+                server,
+                ca_file.as_deref(),
+                token_file.as_deref(),
+                *insecure_skip_tls_verify,
+            );
+            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                .await
+                .map_err(|e| error("", root(&e)))?
+        }
+        RemoteSource::Inferred => kube::Config::infer().await.map_err(|e| {
+            error(
+                "",
+                format!(
+                    "no config file, and no in-cluster or kubeconfig default: {}",
+                    root(&e)
+                ),
+            )
+        })?,
+    };
+    // Userinfo authenticates nothing for kube; keep it out of every client
+    // and so out of every log line.
+    kube_config.cluster_url = without_userinfo(&kube_config.cluster_url);
+    Ok(kube_config)
+}
+
+/// Builds every remote's kube configuration.
+///
+/// # Errors
+///
+/// The first remote's [`ConfigError`].
+pub async fn remotes(config: &Config) -> Result<Vec<Remote>, ConfigError> {
+    let mut remotes = Vec::with_capacity(config.remotes.len());
+    for (index, spec) in config.remotes.iter().enumerate() {
+        remotes.push(Remote::new(
+            spec.name.clone(),
+            kube_config(config, index, spec).await?,
+        ));
+    }
+    Ok(remotes)
+}
