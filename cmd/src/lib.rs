@@ -2,5 +2,7 @@
 //! to kube clients. The `tether` binary is a thin layer over it.
 #![deny(missing_docs)]
 
+pub mod admin;
 pub mod config;
+pub mod manager;
 pub mod remote;
