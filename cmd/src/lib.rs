@@ -4,5 +4,7 @@
 
 pub mod admin;
 pub mod config;
+pub mod daemon;
+pub mod demo;
 pub mod manager;
 pub mod remote;

@@ -13,6 +13,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use tether_probes::{Identity, Outcome, ProbeResult};
 
 use tether::config::{Config, ConfigError};
+use tether::daemon::{Daemon, StartError};
 use tether::remote;
 
 /// Keeps a multi-cluster Kubernetes controller attached to the remote
@@ -35,16 +36,25 @@ enum LogFormat {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run the daemon (not built yet).
+    /// Run the daemon.
     Run(ConfigArgs),
     /// Probe every remote once and print a table; exit 1 if any is
     /// unreachable.
     Check(ConfigArgs),
     /// Check the configuration and print what it means.
     Validate(ConfigArgs),
-    /// Run against simulated remotes, lose one and bring it back (not built
-    /// yet).
-    Demo,
+    /// Run against three simulated remotes; lose one and bring it back.
+    Demo(DemoArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct DemoArgs {
+    /// The admin server's address.
+    #[arg(long, default_value = "127.0.0.1:9090")]
+    admin_address: std::net::SocketAddr,
+    /// Stop by itself after this long (e.g. `40s`); default: at Ctrl-C.
+    #[arg(long, value_parser = tether::config::parse_duration)]
+    duration: Option<std::time::Duration>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -60,9 +70,13 @@ struct ConfigArgs {
 /// already report once, classified).
 const DEFAULT_FILTER: &str = "info,kube_client::client::builder=off";
 
-fn init_logs(format: LogFormat) {
+/// The demo narrates on stdout; its logs keep to errors unless `RUST_LOG`
+/// says otherwise.
+const DEMO_FILTER: &str = "error,kube_client::client::builder=off";
+
+fn init_logs(format: LogFormat, default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_FILTER));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -74,7 +88,12 @@ fn init_logs(format: LogFormat) {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logs(cli.log_format);
+    let default_filter = if matches!(cli.command, Command::Demo(_)) {
+        DEMO_FILTER
+    } else {
+        DEFAULT_FILTER
+    };
+    init_logs(cli.log_format, default_filter);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -88,12 +107,43 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Validate(args) => runtime.block_on(validate(&args)),
         Command::Check(args) => runtime.block_on(check(&args)),
-        Command::Run(_) | Command::Demo => {
-            eprintln!(
-                "tether {}: this command is not yet available; `validate` and `check` work",
-                env!("CARGO_PKG_VERSION")
-            );
+        Command::Run(args) => runtime.block_on(run(&args)),
+        Command::Demo(args) => runtime.block_on(demo(&args)),
+    }
+}
+
+fn start_failed(err: &StartError) -> ExitCode {
+    match err {
+        StartError::Config(err) => bad_input(err),
+        StartError::Bind { addr, source } => {
+            eprintln!("tether: cannot listen on the admin address {addr}: {source}");
             ExitCode::from(2)
+        }
+        StartError::Setup(_) => {
+            eprintln!("tether: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: &ConfigArgs) -> ExitCode {
+    let config = match load(args) {
+        Ok(config) => config,
+        Err(err) => return bad_input(&err),
+    };
+    match Daemon::start(config).await {
+        Ok(daemon) => ExitCode::from(daemon.run_until_signalled().await),
+        Err(err) => start_failed(&err),
+    }
+}
+
+async fn demo(args: &DemoArgs) -> ExitCode {
+    match tether::demo::run(args.admin_address, args.duration).await {
+        Ok(code) => ExitCode::from(code),
+        Err(tether::demo::DemoError::Start(err)) => start_failed(&err),
+        Err(err) => {
+            eprintln!("tether demo: {err}");
+            ExitCode::FAILURE
         }
     }
 }

@@ -1,0 +1,298 @@
+//! The daemon: wires config, probes, the manager, the supervisor and the
+//! admin server together, and handles signals and reloads.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use prometheus::{IntCounterVec, Opts, Registry};
+use tether_probes::{ProbeSet, ProbeSetHandle, Remote};
+use tether_supervisor::{Cause, ShutdownOutcome, Supervisor, SupervisorHandle};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use crate::admin::{self, Admin};
+use crate::config::{Config, ConfigError};
+use crate::manager::{ManagedRemote, ManagerHandle, WatchManager};
+use crate::remote;
+
+/// Why the daemon could not start. Nothing is left running.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The configuration is bad (exit 2).
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The admin address cannot be bound.
+    #[error("cannot listen on the admin address {addr}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Metrics or the supervisor could not be set up.
+    #[error("setting up failed: {0}")]
+    Setup(String),
+}
+
+/// How often the config file is checked for changes. ConfigMap mounts swap a
+/// symlink, which inotify on the file misses, so poll the content instead.
+const CONFIG_POLL: Duration = Duration::from_secs(2);
+
+/// A running daemon.
+#[derive(Debug)]
+pub struct Daemon {
+    /// The supervisor's state.
+    pub supervisor: SupervisorHandle,
+    /// The probes' state.
+    pub probes: ProbeSetHandle,
+    /// The manager.
+    pub manager: ManagerHandle,
+    /// The admin server's address.
+    pub admin_address: SocketAddr,
+    config: Config,
+    probe_set: ProbeSet,
+    root: CancellationToken,
+    draining: Arc<AtomicBool>,
+    reloads: IntCounterVec,
+    run: JoinHandle<ShutdownOutcome>,
+    admin_stop: CancellationToken,
+}
+
+fn managed(config: &Config, remotes: &[Remote]) -> Vec<ManagedRemote> {
+    config
+        .remotes
+        .iter()
+        .zip(remotes)
+        .map(|(spec, remote)| ManagedRemote {
+            name: spec.name.clone(),
+            required: spec.required,
+            config: remote.config.clone(),
+        })
+        .collect()
+}
+
+fn setup<E: std::fmt::Display>(what: &str) -> impl Fn(E) -> StartError + '_ {
+    move |err| StartError::Setup(format!("{what}: {err}"))
+}
+
+impl Daemon {
+    /// Starts everything, or nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`StartError`]; the process should exit 2 for a config error, and
+    /// non-zero otherwise.
+    pub async fn start(config: Config) -> Result<Self, StartError> {
+        let remotes = remote::remotes(&config).await?;
+        // Bind first: never run without health endpoints.
+        let listener =
+            admin::bind(config.admin_address)
+                .await
+                .map_err(|source| StartError::Bind {
+                    addr: config.admin_address,
+                    source,
+                })?;
+        let admin_address = listener.local_addr().map_err(|source| StartError::Bind {
+            addr: config.admin_address,
+            source,
+        })?;
+
+        let registry = Registry::new();
+        registry
+            .register(Box::new(
+                prometheus::process_collector::ProcessCollector::for_self(),
+            ))
+            .map_err(setup("process metrics"))?;
+        let reloads = IntCounterVec::new(
+            Opts::new(
+                "tether_config_reloads_total",
+                "Config reloads, by result (applied or rejected).",
+            ),
+            &["result"],
+        )
+        .map_err(setup("reload metrics"))?;
+        for result in ["applied", "rejected"] {
+            reloads.with_label_values(&[result]);
+        }
+        registry
+            .register(Box::new(reloads.clone()))
+            .map_err(setup("reload metrics"))?;
+
+        let probe_set = ProbeSet::new(config.probe.clone(), &registry).map_err(setup("probes"))?;
+        probe_set.sync(&remotes).map_err(setup("probes"))?;
+        let probes = probe_set.handle();
+        let manager = WatchManager::new(
+            &registry,
+            probes.clone(),
+            managed(&config, &remotes),
+            config.watch.clone(),
+            config.rebuild_on_recovery,
+        )
+        .map_err(setup("manager metrics"))?;
+        let manager_handle = manager.handle();
+        let supervisor =
+            Supervisor::new(manager, config.supervisor, &registry).map_err(setup("supervisor"))?;
+        let supervisor_handle = supervisor.handle();
+        let draining = Arc::new(AtomicBool::new(false));
+        let admin = Admin::new(
+            registry,
+            supervisor_handle.clone(),
+            probes.clone(),
+            manager_handle.clone(),
+            Arc::clone(&draining),
+            config.probe.interval,
+            config.supervisor.heartbeat,
+        )
+        .map_err(setup("admin metrics"))?;
+
+        let root = CancellationToken::new();
+        let admin_stop = CancellationToken::new();
+        tokio::spawn(admin::serve(listener, Arc::new(admin), admin_stop.clone()));
+        let run = tokio::spawn(supervisor.run(root.clone()));
+        info!(
+            admin = %admin_address,
+            remotes = config.remotes.len(),
+            config = %config.label(),
+            "tether started"
+        );
+        Ok(Self {
+            supervisor: supervisor_handle,
+            probes,
+            manager: manager_handle,
+            admin_address,
+            config,
+            probe_set,
+            root,
+            draining,
+            reloads,
+            run,
+            admin_stop,
+        })
+    }
+
+    /// Reads the config file again and applies it, or rejects it and keeps
+    /// the last good one. Returns whether it was applied.
+    pub async fn reload(&mut self) -> bool {
+        let Some(path) = self.config.file.clone() else {
+            info!("reload asked, but tether runs without a config file; nothing to do");
+            return false;
+        };
+        match self.try_reload(&path).await {
+            Ok(()) => {
+                self.reloads.with_label_values(&["applied"]).inc();
+                true
+            }
+            Err(err) => {
+                self.reloads.with_label_values(&["rejected"]).inc();
+                error!(error = %err, "config reload rejected; still running on the last good config");
+                false
+            }
+        }
+    }
+
+    async fn try_reload(&mut self, path: &Path) -> Result<(), ConfigError> {
+        let next = Config::load(path)?;
+        let remotes = remote::remotes(&next).await?;
+        self.probe_set.sync(&remotes).map_err(|err| ConfigError {
+            file: next.label(),
+            field: "remotes".to_owned(),
+            message: err.to_string(),
+        })?;
+        for (changed, what) in [
+            (next.admin_address != self.config.admin_address, "admin"),
+            (next.probe != self.config.probe, "probe"),
+            (
+                next.supervisor != self.config.supervisor
+                    || next.rebuild_on_recovery != self.config.rebuild_on_recovery,
+                "supervisor",
+            ),
+        ] {
+            if changed {
+                warn!(
+                    section = what,
+                    "this section changed, and takes effect only after a restart"
+                );
+            }
+        }
+        self.manager
+            .update(managed(&next, &remotes), next.watch.clone());
+        self.manager.end_cycle(Cause::ConfigChanged);
+        info!(remotes = next.remotes.len(), config = %next.label(), "config reloaded and applied");
+        self.config = next;
+        Ok(())
+    }
+
+    /// Drains and shuts down: `/readyz` answers 503 at once, root is
+    /// cancelled, and the manager gets its grace period.
+    pub async fn shutdown(self) -> ShutdownOutcome {
+        self.draining.store(true, Ordering::SeqCst);
+        info!("draining: readiness off; stopping the manager");
+        self.root.cancel();
+        let outcome = match self.run.await {
+            Ok(outcome) => outcome,
+            Err(err) => {
+                error!(error = %err, "the supervisor task failed");
+                ShutdownOutcome::GraceExceeded
+            }
+        };
+        self.admin_stop.cancel();
+        info!(?outcome, "tether stopped");
+        outcome
+    }
+
+    /// Runs until SIGTERM or SIGINT, reloading on SIGHUP and when the config
+    /// file changes. Returns the exit code: 0, or 1 if the grace period ran
+    /// out. A second SIGTERM or SIGINT exits at once with 130.
+    ///
+    /// # Panics
+    ///
+    /// If the signal handlers cannot be installed.
+    pub async fn run_until_signalled(mut self) -> u8 {
+        let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
+        let mut int = signal(SignalKind::interrupt()).expect("installing a SIGINT handler");
+        let mut hup = signal(SignalKind::hangup()).expect("installing a SIGHUP handler");
+        let mut poll = tokio::time::interval(CONFIG_POLL);
+        let mut seen = self
+            .config
+            .file
+            .as_ref()
+            .and_then(|f| std::fs::read(f).ok());
+        loop {
+            tokio::select! {
+                _ = term.recv() => break,
+                _ = int.recv() => break,
+                _ = hup.recv() => {
+                    info!("SIGHUP: reloading the config");
+                    self.reload().await;
+                    seen = self.config.file.as_ref().and_then(|f| std::fs::read(f).ok());
+                }
+                _ = poll.tick() => {
+                    let now = self.config.file.as_ref().and_then(|f| std::fs::read(f).ok());
+                    if now.is_some() && now != seen {
+                        info!("the config file changed: reloading");
+                        seen = now;
+                        self.reload().await;
+                    }
+                }
+            }
+        }
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            error!("second signal: exiting at once");
+            std::process::exit(130);
+        });
+        match self.shutdown().await {
+            ShutdownOutcome::Clean => 0,
+            ShutdownOutcome::GraceExceeded => 1,
+        }
+    }
+}

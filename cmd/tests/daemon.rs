@@ -1,0 +1,477 @@
+//! `tether run` and `tether demo` as real processes, against simulated
+//! remotes from `tether-testkit`, observed through the admin server the way
+//! Prometheus and the kubelet see it.
+
+// Metric values compared here are small integers, exact in f64.
+#![allow(clippy::float_cmp)]
+
+use std::fmt::Write as _;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tether_testkit::{ApiServer, Fault, Options, Resource};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+use tokio::process::{Child, Command};
+use tokio::time::{Instant, timeout};
+
+/// Bound on anything a test waits for.
+const DEADLINE: Duration = Duration::from_secs(60);
+
+struct Tether {
+    child: Child,
+    admin: String,
+    stderr: Arc<Mutex<String>>,
+    _dir: tempfile::TempDir,
+    config: std::path::PathBuf,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+async fn remote(name: &str, tls: bool) -> ApiServer {
+    let mut options = Options::default().name(name);
+    if tls {
+        options = options.tls(true).token(format!("{name}-token"));
+    }
+    let server = ApiServer::start(options).await.expect("server");
+    for i in 0..3 {
+        server
+            .put(
+                Resource::ConfigMap,
+                "default",
+                serde_json::json!({"metadata": {"name": format!("cm-{i}")}}),
+            )
+            .expect("put");
+    }
+    server
+}
+
+fn config_yaml(dir: &std::path::Path, admin: &str, remotes: &[(&str, &ApiServer)]) -> String {
+    let mut yaml = format!(
+        "admin: {{address: \"{admin}\"}}\n\
+         probe: {{interval: 1s, timeout: 500ms, failureThreshold: 3, jitter: 0.0}}\n\
+         supervisor: {{backoff: {{initial: 1s, max: 4s, jitter: 0.0}}, shutdownGrace: 5s}}\n\
+         watch: [{{apiVersion: v1, kind: ConfigMap}}]\n\
+         remotes:\n"
+    );
+    for (name, server) in remotes {
+        let path = dir.join(format!("{name}.kubeconfig"));
+        server.kubeconfig().write(&path).expect("kubeconfig");
+        let _ = writeln!(yaml, "- {{name: {name}, kubeconfig: {}}}", path.display());
+    }
+    yaml
+}
+
+impl Tether {
+    fn run(remotes: &[(&str, &ApiServer)]) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let admin = format!("127.0.0.1:{}", free_port());
+        let config = dir.path().join("tether.yaml");
+        std::fs::write(&config, config_yaml(dir.path(), &admin, remotes)).expect("config");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tether"))
+            .arg("run")
+            .arg("--config")
+            .arg(&config)
+            .env("RUST_LOG", "info,kube_client::client::builder=off")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("tether starts");
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let mut pipe = child.stderr.take().expect("piped");
+        let sink = Arc::clone(&stderr);
+        tokio::spawn(async move {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = pipe.read(&mut buf).await {
+                if n == 0 {
+                    return;
+                }
+                sink.lock()
+                    .expect("not poisoned")
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        Self {
+            child,
+            admin,
+            stderr,
+            _dir: dir,
+            config,
+        }
+    }
+
+    fn logs(&self) -> String {
+        self.stderr.lock().expect("not poisoned").clone()
+    }
+
+    /// `GET path` on the admin server: the status and the body.
+    async fn get(&self, path: &str) -> Option<(u16, String)> {
+        let mut stream = timeout(Duration::from_secs(2), TcpStream::connect(&self.admin))
+            .await
+            .ok()?
+            .ok()?;
+        stream
+            .write_all(format!("GET {path} HTTP/1.0\r\nHost: admin\r\n\r\n").as_bytes())
+            .await
+            .ok()?;
+        let mut response = String::new();
+        timeout(Duration::from_secs(2), stream.read_to_string(&mut response))
+            .await
+            .ok()?
+            .ok()?;
+        let code = response.split_whitespace().nth(1)?.parse().ok()?;
+        let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
+        Some((code, body))
+    }
+
+    /// The value of one series, e.g. `tether_cycles_total{cause="remote_lost"}`.
+    async fn metric(&self, series: &str) -> Option<f64> {
+        let (_, body) = self.get("/metrics").await?;
+        body.lines()
+            .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
+    /// Polls until `pred` holds of the metric, checking `/healthz` each time.
+    async fn until_metric(&self, series: &str, what: &str, pred: impl Fn(f64) -> bool) {
+        let started = Instant::now();
+        loop {
+            if let Some(value) = self.metric(series).await
+                && pred(value)
+            {
+                return;
+            }
+            if let Some((code, body)) = self.get("/healthz").await {
+                assert_eq!(
+                    code, 200,
+                    "/healthz failed while waiting for {what}: {body}"
+                );
+            }
+            assert!(
+                started.elapsed() < DEADLINE,
+                "{series} never reached {what}; logs:\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn until_ready(&self, ready: bool) {
+        let started = Instant::now();
+        let want = if ready { 200 } else { 503 };
+        loop {
+            if let Some((code, _)) = self.get("/readyz").await
+                && code == want
+            {
+                return;
+            }
+            assert!(
+                started.elapsed() < DEADLINE,
+                "/readyz never answered {want}; logs:\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.child.id().expect("running").to_string();
+        let status = std::process::Command::new("kill")
+            .args([&format!("-{signal}"), &pid])
+            .status()
+            .expect("kill runs");
+        assert!(status.success());
+    }
+
+    async fn wait(&mut self) -> std::process::ExitStatus {
+        timeout(DEADLINE, self.child.wait())
+            .await
+            .expect("tether did not exit")
+            .expect("wait works")
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_remote_costs_one_rebuild_and_its_recovery_one_more() {
+    let (a, b, c) = (
+        remote("a", true).await,
+        remote("b", false).await,
+        remote("c", false).await,
+    );
+    let mut tether = Tether::run(&[("a", &a), ("b", &b), ("c", &c)]);
+    tether.until_ready(true).await;
+    assert_eq!(tether.metric("tether_cycle").await, Some(1.0));
+
+    b.set_fault(Fault::Refuse).await.expect("refuse");
+    let reachable_b = format!(
+        "tether_remote_apiserver_reachable{{host=\"{}\",remote=\"b\"}}",
+        b.addr()
+    );
+    tether.until_metric(&reachable_b, "0", |v| v == 0.0).await;
+    tether
+        .until_metric("tether_cycles_total{cause=\"remote_lost\"}", "1", |v| {
+            v == 1.0
+        })
+        .await;
+    tether.until_metric("tether_cycle", "2", |v| v == 2.0).await;
+    tether.until_ready(false).await;
+    // The other remotes' caches sync again in the new cycle.
+    tether
+        .until_metric(
+            "tether_watch_synced{remote=\"a\",resource=\"configmaps\"}",
+            "1",
+            |v| v == 1.0,
+        )
+        .await;
+
+    // b stays down for five more probes: no more rebuilds.
+    tether
+        .until_metric(
+            "tether_remote_probe_consecutive_failures{remote=\"b\"}",
+            ">= 8",
+            |v| v >= 8.0,
+        )
+        .await;
+    assert_eq!(
+        tether
+            .metric("tether_cycles_total{cause=\"remote_lost\"}")
+            .await,
+        Some(1.0)
+    );
+    assert_eq!(
+        tether.metric("tether_cycle").await,
+        Some(2.0),
+        "rebuilt again for a remote already down"
+    );
+
+    b.set_fault(Fault::Up).await.expect("up");
+    tether.until_metric(&reachable_b, "1", |v| v == 1.0).await;
+    tether
+        .until_metric(
+            "tether_cycles_total{cause=\"remote_recovered\"}",
+            "1",
+            |v| v == 1.0,
+        )
+        .await;
+    tether.until_ready(true).await;
+    tether
+        .until_metric(
+            "tether_watch_objects{remote=\"b\",resource=\"configmaps\"}",
+            "3",
+            |v| v == 3.0,
+        )
+        .await;
+    let (_, status) = tether.get("/status.json").await.expect("status");
+    for name in ["\"a\"", "\"b\"", "\"c\""] {
+        assert!(status.contains(name), "{status}");
+    }
+
+    // SIGTERM: never ready again, and a clean exit within the grace.
+    tether.signal("TERM");
+    if let Some((code, _)) = tether.get("/readyz").await {
+        assert_eq!(code, 503, "ready after SIGTERM");
+    }
+    let status = tether.wait().await;
+    assert_eq!(status.code(), Some(0), "logs:\n{}", tether.logs());
+    let logs = tether.logs();
+    assert!(!logs.contains("a-token"), "a token reached the logs");
+    assert!(logs.contains("draining"), "{logs}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_auth_or_server_error_never_causes_a_rebuild() {
+    let a = remote("a", false).await;
+    let mut tether = Tether::run(&[("a", &a)]);
+    tether.until_ready(true).await;
+    a.set_fault(Fault::Status {
+        code: 403,
+        all_paths: false,
+    })
+    .await
+    .expect("403");
+    let probes = a.requests("/readyz");
+    while a.requests("/readyz") < probes + 5 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    a.set_fault(Fault::Status {
+        code: 500,
+        all_paths: false,
+    })
+    .await
+    .expect("500");
+    while a.requests("/readyz") < probes + 10 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        tether.metric("tether_cycle").await,
+        Some(1.0),
+        "rebuilt for a 403/500"
+    );
+    let ready = format!(
+        "tether_remote_apiserver_ready{{host=\"{}\",remote=\"a\"}}",
+        a.addr()
+    );
+    assert_eq!(tether.metric(&ready).await, Some(0.0));
+    tether.signal("TERM");
+    assert_eq!(tether.wait().await.code(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_applies_a_good_config_and_rejects_a_broken_one() {
+    let (a, b, c) = (
+        remote("a", false).await,
+        remote("b", false).await,
+        remote("c", false).await,
+    );
+    let mut tether = Tether::run(&[("a", &a), ("b", &b)]);
+    tether.until_ready(true).await;
+    a.set_fault(Fault::Refuse).await.expect("refuse");
+    tether
+        .until_metric(
+            "tether_remote_probe_consecutive_failures{remote=\"a\"}",
+            ">= 3",
+            |v| v >= 3.0,
+        )
+        .await;
+    // The loss ended cycle 1; reload while cycle 2 runs.
+    tether.until_metric("tether_cycle", "2", |v| v == 2.0).await;
+    tether
+        .until_metric("tether_supervisor_backoff_seconds", "0", |v| v == 0.0)
+        .await;
+
+    // Keep a, drop b, add c.
+    let dir = tether.config.parent().expect("a folder").to_owned();
+    std::fs::write(
+        &tether.config,
+        config_yaml(&dir, &tether.admin, &[("a", &a), ("c", &c)]),
+    )
+    .expect("write");
+    tether.signal("HUP");
+    tether
+        .until_metric(
+            "tether_config_reloads_total{result=\"applied\"}",
+            "1",
+            |v| v >= 1.0,
+        )
+        .await;
+    tether
+        .until_metric(
+            "tether_remote_probe_consecutive_failures{remote=\"c\"}",
+            "0",
+            |v| v == 0.0,
+        )
+        .await;
+    // The probe series go at once; the cache series with the next cycle.
+    let started = Instant::now();
+    loop {
+        let (_, metrics) = tether.get("/metrics").await.expect("metrics");
+        if !metrics.contains("remote=\"b\"") {
+            break;
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "series of the removed remote remain:\n{metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let streak = tether
+        .metric("tether_remote_probe_consecutive_failures{remote=\"a\"}")
+        .await;
+    assert!(
+        streak >= Some(3.0),
+        "the reload reset a's streak: {streak:?}"
+    );
+    assert!(
+        tether
+            .metric("tether_cycles_total{cause=\"config_changed\"}")
+            .await
+            >= Some(1.0)
+    );
+
+    std::fs::write(
+        &tether.config,
+        "remotes: [{name: a, server: \"ftp://nope\"}]\n",
+    )
+    .expect("write");
+    tether.signal("HUP");
+    tether
+        .until_metric(
+            "tether_config_reloads_total{result=\"rejected\"}",
+            "1",
+            |v| v >= 1.0,
+        )
+        .await;
+    assert_eq!(
+        tether.get("/healthz").await.map(|(code, _)| code),
+        Some(200)
+    );
+    assert!(
+        tether.logs().contains("remotes[0].server"),
+        "the rejection does not name the field"
+    );
+    tether.signal("TERM");
+    assert_eq!(tether.wait().await.code(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_taken_admin_port_is_a_clear_error() {
+    let a = remote("a", false).await;
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().expect("addr").to_string();
+    let dir = tempfile::tempdir().expect("dir");
+    let config = dir.path().join("tether.yaml");
+    std::fs::write(&config, config_yaml(dir.path(), &addr, &[("a", &a)])).expect("config");
+    let out = Command::new(env!("CARGO_BIN_EXE_tether"))
+        .arg("run")
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .await
+        .expect("tether runs");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&addr) && stderr.contains("admin address"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_shows_a_lost_and_a_recovered_cycle() {
+    let admin = format!("127.0.0.1:{}", free_port());
+    let out = timeout(
+        Duration::from_secs(90),
+        Command::new(env!("CARGO_BIN_EXE_tether"))
+            .args(["demo", "--duration", "35s", "--admin-address", &admin])
+            .output(),
+    )
+    .await
+    .expect("the demo stops by itself")
+    .expect("the demo runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("remote_lost (remote cluster-b)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("remote_recovered (remote cluster-b)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("cluster-b: reachable -> unreachable"),
+        "{stdout}"
+    );
+}
