@@ -1,0 +1,78 @@
+//! Supplying your own manager instead of tether's built-in watch manager.
+//!
+//! The supervisor drives anything that implements `ManagerFactory`; the
+//! probes tell the cycle when a remote it uses is lost or recovers. This
+//! manager only logs; a real one would start its controllers with clients
+//! built from the same kube configs, under `cycle.child_token()`.
+//!
+//! Run it against a remote named by a kubeconfig:
+//! `cargo run -p tether --example custom_manager -- /path/to/kubeconfig`
+
+use std::time::Duration;
+
+use prometheus::Registry;
+use tether_probes::{CycleEnd, ProbeConfig, ProbeSet, ProbeSetHandle, Remote, next_cycle_end};
+use tether_supervisor::{
+    Cause, CycleToken, ManagerError, ManagerFactory, Supervisor, SupervisorConfig,
+};
+use tokio_util::sync::CancellationToken;
+
+struct MyController {
+    probes: ProbeSetHandle,
+}
+
+impl ManagerFactory for MyController {
+    async fn run(&self, cycle: CycleToken) -> Result<(), ManagerError> {
+        // Subscribe first: only transitions during this cycle end it.
+        let mut transitions = self.probes.subscribe();
+        println!("cycle {}: my controllers start", cycle.number());
+        // ... start controllers here, then report up once their caches sync.
+        cycle.set_manager_up(true);
+        tokio::select! {
+            () = cycle.cancelled() => {}
+            end = next_cycle_end(&mut transitions, |_| true, true) => match end {
+                Some(CycleEnd::Lost(remote)) => { cycle.cancel(Cause::remote_lost(remote)); }
+                Some(CycleEnd::Recovered(remote)) => { cycle.cancel(Cause::remote_recovered(remote)); }
+                None => {}
+            },
+        }
+        println!("cycle {} ends: {:?}", cycle.number(), cycle.cause());
+        Ok(())
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let path = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "kubeconfig".to_owned());
+    let kubeconfig = kube::config::Kubeconfig::read_from(&path)?;
+    let config = kube::Config::from_custom_kubeconfig(
+        kubeconfig,
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await?;
+
+    let registry = Registry::new();
+    let probes = ProbeSet::new(
+        ProbeConfig::default()
+            .with_interval(Duration::from_secs(2))
+            .with_timeout(Duration::from_secs(1)),
+        &registry,
+    )?;
+    probes.sync(&[Remote::new("my-remote", config)])?;
+    let manager = MyController {
+        probes: probes.handle(),
+    };
+    let supervisor = Supervisor::new(manager, SupervisorConfig::default(), &registry)?;
+
+    let root = CancellationToken::new();
+    let stop = root.clone();
+    tokio::spawn(async move {
+        let _ = tokio::signal::ctrl_c().await;
+        stop.cancel();
+    });
+    let outcome = supervisor.run(root).await;
+    println!("stopped: {outcome:?}");
+    Ok(())
+}
