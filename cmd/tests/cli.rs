@@ -54,12 +54,20 @@ fn version_prints_the_crate_version() {
 }
 
 #[test]
-fn commands_not_built_yet_exit_2_and_say_so() {
-    for command in ["demo", "run"] {
-        let out = tether(&[command]);
-        assert_eq!(out.status.code(), Some(2), "{command}");
-        assert!(text(&out.stderr).contains("not yet available"), "{command}");
-    }
+fn without_a_config_or_a_cluster_to_infer_run_exits_2_and_says_why() {
+    let home = tempfile::tempdir().expect("temp dir");
+    let out = Command::new(env!("CARGO_BIN_EXE_tether"))
+        .arg("run")
+        .env("HOME", home.path())
+        .env("KUBECONFIG", home.path().join("none"))
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("the tether binary runs");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("<defaults>") && stderr.contains("remotes[0]"), "{stderr}");
+    assert!(stderr.contains("no config file"), "{stderr}");
 }
 
 #[test]

@@ -286,6 +286,43 @@ async fn a_lost_remote_costs_one_rebuild_and_its_recovery_one_more() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_endpoints_stay_fast_while_a_remote_hangs() {
+    let (a, b) = (remote("a", false).await, remote("b", false).await);
+    let mut tether = Tether::run(&[("a", &a), ("b", &b)]);
+    tether.until_ready(true).await;
+    b.set_fault(Fault::Hang).await.expect("hang");
+    // Through the loss (3 probes of 500ms deadlines) and beyond.
+    let reachable_b = format!(
+        "tether_remote_apiserver_reachable{{host=\"{}\",remote=\"b\"}}",
+        b.addr()
+    );
+    let started = Instant::now();
+    let mut slowest = Duration::ZERO;
+    while tether.metric(&reachable_b).await != Some(0.0)
+        || started.elapsed() < Duration::from_secs(5)
+    {
+        for path in ["/healthz", "/readyz", "/status.json"] {
+            let asked = Instant::now();
+            let answer = tether.get(path).await;
+            slowest = slowest.max(asked.elapsed());
+            assert!(answer.is_some(), "{path} did not answer");
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "b was never declared unreachable"
+        );
+    }
+    // Handlers read state already computed: far below the probe deadline.
+    assert!(
+        slowest < Duration::from_millis(250),
+        "a health endpoint took {slowest:?}"
+    );
+    assert_eq!(tether.get("/healthz").await.map(|(c, _)| c), Some(200));
+    tether.signal("TERM");
+    assert_eq!(tether.wait().await.code(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_auth_or_server_error_never_causes_a_rebuild() {
     let a = remote("a", false).await;
     let mut tether = Tether::run(&[("a", &a)]);
