@@ -66,7 +66,10 @@ fn without_a_config_or_a_cluster_to_infer_run_exits_2_and_says_why() {
         .expect("the tether binary runs");
     assert_eq!(out.status.code(), Some(2));
     let stderr = text(&out.stderr);
-    assert!(stderr.contains("<defaults>") && stderr.contains("remotes[0]"), "{stderr}");
+    assert!(
+        stderr.contains("<defaults>") && stderr.contains("remotes[0]"),
+        "{stderr}"
+    );
     assert!(stderr.contains("no config file"), "{stderr}");
 }
 

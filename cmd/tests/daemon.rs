@@ -70,11 +70,16 @@ fn config_yaml(dir: &std::path::Path, admin: &str, remotes: &[(&str, &ApiServer)
 
 impl Tether {
     fn run(remotes: &[(&str, &ApiServer)]) -> Self {
+        Self::run_with(remotes, &[])
+    }
+
+    fn run_with(remotes: &[(&str, &ApiServer)], extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let admin = format!("127.0.0.1:{}", free_port());
         let config = dir.path().join("tether.yaml");
         std::fs::write(&config, config_yaml(dir.path(), &admin, remotes)).expect("config");
         let mut child = Command::new(env!("CARGO_BIN_EXE_tether"))
+            .args(extra)
             .arg("run")
             .arg("--config")
             .arg(&config)
@@ -511,4 +516,30 @@ async fn the_demo_shows_a_lost_and_a_recovered_cycle() {
         stdout.contains("cluster-b: reachable -> unreachable"),
         "{stdout}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_while_caches_cannot_sync_still_exits_cleanly_and_logs_json() {
+    let a = remote("a", false).await;
+    a.set_fault(Fault::Hang).await.expect("hang");
+    let mut tether = Tether::run_with(&[("a", &a)], &["--log-format", "json"]);
+    // The manager is building and its watch hangs: never ready.
+    tether.until_metric("tether_cycle", "1", |v| v == 1.0).await;
+    assert_eq!(tether.get("/readyz").await.map(|(c, _)| c), Some(503));
+    tether.signal("TERM");
+    let status = tether.wait().await;
+    assert_eq!(status.code(), Some(0), "logs:\n{}", tether.logs());
+    let logs = tether.logs();
+    let mut lines = 0;
+    for line in logs.lines().filter(|l| !l.trim().is_empty()) {
+        let event: serde_json::Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("not a JSON log line ({e}): {line}"));
+        assert!(
+            event["level"].is_string() && event["fields"].is_object(),
+            "{line}"
+        );
+        lines += 1;
+    }
+    assert!(lines >= 3, "too few log lines: {logs}");
+    assert!(logs.contains("draining"), "{logs}");
 }
