@@ -11,10 +11,9 @@
 use std::time::Duration;
 
 use prometheus::Registry;
-use tether_probes::{CycleEnd, ProbeConfig, ProbeSet, ProbeSetHandle, Remote, next_cycle_end};
-use tether_supervisor::{
-    Cause, CycleToken, ManagerError, ManagerFactory, Supervisor, SupervisorConfig,
-};
+use tether::manager::end_cycle_on_transitions;
+use tether_probes::{ProbeConfig, ProbeSet, ProbeSetHandle, Remote};
+use tether_supervisor::{CycleToken, ManagerError, ManagerFactory, Supervisor, SupervisorConfig};
 use tokio_util::sync::CancellationToken;
 
 struct MyController {
@@ -28,14 +27,9 @@ impl ManagerFactory for MyController {
         println!("cycle {}: my controllers start", cycle.number());
         // ... start controllers here, then report up once their caches sync.
         cycle.set_manager_up(true);
-        tokio::select! {
-            () = cycle.cancelled() => {}
-            end = next_cycle_end(&mut transitions, |_| true, true) => match end {
-                Some(CycleEnd::Lost(remote)) => { cycle.cancel(Cause::remote_lost(remote)); }
-                Some(CycleEnd::Recovered(remote)) => { cycle.cancel(Cause::remote_recovered(remote)); }
-                None => {}
-            },
-        }
+        // Until a remote it uses is lost or recovers, or the cycle ends
+        // for another reason (config change, shutdown).
+        end_cycle_on_transitions(&cycle, &mut transitions, |_| true, true).await;
         println!("cycle {} ends: {:?}", cycle.number(), cycle.cause());
         Ok(())
     }

@@ -161,14 +161,21 @@ fn load(args: &ConfigArgs) -> Result<Config, ConfigError> {
     }
 }
 
+/// The config and every remote's kube config, or the exit for bad input.
+async fn load_with_remotes(
+    args: &ConfigArgs,
+) -> Result<(Config, Vec<tether_probes::Remote>), ExitCode> {
+    let config = load(args).map_err(|err| bad_input(&err))?;
+    let remotes = remote::remotes(&config)
+        .await
+        .map_err(|err| bad_input(&err))?;
+    Ok((config, remotes))
+}
+
 async fn validate(args: &ConfigArgs) -> ExitCode {
-    let config = match load(args) {
-        Ok(config) => config,
-        Err(err) => return bad_input(&err),
-    };
-    let remotes = match remote::remotes(&config).await {
-        Ok(remotes) => remotes,
-        Err(err) => return bad_input(&err),
+    let (config, remotes) = match load_with_remotes(args).await {
+        Ok(loaded) => loaded,
+        Err(exit) => return exit,
     };
     println!("configuration: {} is valid", config.label());
     println!("admin address: {}", config.admin_address);
@@ -254,13 +261,9 @@ fn describe(result: &ProbeResult) -> (&'static str, String) {
 }
 
 async fn check(args: &ConfigArgs) -> ExitCode {
-    let config = match load(args) {
-        Ok(config) => config,
-        Err(err) => return bad_input(&err),
-    };
-    let remotes = match remote::remotes(&config).await {
-        Ok(remotes) => remotes,
-        Err(err) => return bad_input(&err),
+    let (config, remotes) = match load_with_remotes(args).await {
+        Ok(loaded) => loaded,
+        Err(exit) => return exit,
     };
     let rows = match tether_probes::check(&remotes, &config.probe).await {
         Ok(rows) => rows,

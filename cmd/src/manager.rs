@@ -223,6 +223,31 @@ impl ManagerHandle {
     }
 }
 
+/// Ends `cycle` when a remote for which `uses` is true is lost, or recovers
+/// (with `rebuild_on_recovery`); returns once the cycle is cancelled for any
+/// reason. Subscribe before the cycle's work starts, so that only
+/// transitions during the cycle count.
+///
+/// # Cancellation safety
+///
+/// Cancel safe: it only reads transitions and cancels the cycle.
+pub async fn end_cycle_on_transitions(
+    cycle: &CycleToken,
+    transitions: &mut tokio::sync::broadcast::Receiver<tether_probes::Transition>,
+    uses: impl Fn(&str) -> bool,
+    rebuild_on_recovery: bool,
+) {
+    tokio::select! {
+        () = cycle.cancelled() => {}
+        end = next_cycle_end(transitions, uses, rebuild_on_recovery) => match end {
+            Some(CycleEnd::Lost(remote)) => { cycle.cancel(Cause::remote_lost(remote)); }
+            Some(CycleEnd::Recovered(remote)) => { cycle.cancel(Cause::remote_recovered(remote)); }
+            // The probe set is gone: nothing more will end the cycle from there.
+            None => cycle.cancelled().await,
+        },
+    }
+}
+
 fn api_resource(spec: &WatchSpec) -> ApiResource {
     let (group, version) = spec
         .api_version
@@ -334,18 +359,17 @@ impl ManagerFactory for WatchManager {
         }
 
         let names: BTreeSet<String> = plan.remotes.iter().map(|r| r.name.clone()).collect();
-        let mut probes_gone = false;
+        let ends = end_cycle_on_transitions(
+            &cycle,
+            &mut transitions,
+            |r| names.contains(r),
+            shared.rebuild_on_recovery,
+        );
+        let mut ends = std::pin::pin!(ends);
         let mut synced = BTreeSet::new();
         let result = loop {
             tokio::select! {
-                () = cycle.cancelled() => break Ok(()),
-                end = next_cycle_end(&mut transitions, |r| names.contains(r), shared.rebuild_on_recovery), if !probes_gone => {
-                    match end {
-                        Some(CycleEnd::Lost(remote)) => { cycle.cancel(Cause::remote_lost(remote)); }
-                        Some(CycleEnd::Recovered(remote)) => { cycle.cancel(Cause::remote_recovered(remote)); }
-                        None => probes_gone = true,
-                    }
-                }
+                () = &mut ends => break Ok(()),
                 Some(pair) = synced_rx.recv() => {
                     synced.insert(pair);
                     if required.is_subset(&synced) && cycle.set_manager_up(true) {
