@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""Checks the Helm chart with real Helm 4 (helm-python-sdk), kubernetes-validate
+and promtool. Run by scripts/test inside its venv; exits non-zero on any
+failure, printing each check's result."""
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import helm_python as helm
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "helm" / "tether"
+RULES = ROOT / "alerts" / "tether.rules.yaml"
+KUBE_VERSION = "1.33.0"
+CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
+
+failures = []
+
+
+def check(ok, what):
+    print(("ok    " if ok else "FAIL  ") + what)
+    if not ok:
+        failures.append(what)
+
+
+def render(values):
+    chart = helm.Chart.load(str(CHART))
+    out = chart.render(values, name="tether", namespace="monitoring")
+    docs = []
+    for path, text in sorted(out.items()):
+        if path.endswith("NOTES.txt"):
+            continue
+        for doc in yaml.safe_load_all(text):
+            if doc:
+                docs.append(doc)
+    return docs
+
+
+def kubernetes_validate(docs, label):
+    with tempfile.TemporaryDirectory() as tmp:
+        files = []
+        for i, doc in enumerate(d for d in docs if d["kind"] not in CRD_KINDS):
+            path = Path(tmp) / f"{i:02d}-{doc['kind']}.yaml"
+            path.write_text(yaml.safe_dump(doc))
+            files.append(str(path))
+        result = subprocess.run(
+            [sys.executable, "-m", "kubernetes_validate", "--strict", "-k", KUBE_VERSION, "--quiet", *files],
+            capture_output=True, text=True,
+        )
+        check(result.returncode == 0, f"{label}: {len(files)} manifests validate strictly against Kubernetes {KUBE_VERSION}"
+              + ("" if result.returncode == 0 else f"\n{result.stdout}{result.stderr}"))
+
+
+def only(docs, kind):
+    found = [d for d in docs if d["kind"] == kind]
+    return found[0] if len(found) == 1 else None
+
+
+def main():
+    # The chart's copy of the rules is the source, byte for byte.
+    copy = CHART / "files" / "tether.rules.yaml"
+    check(copy.read_bytes() == RULES.read_bytes(), "helm/tether/files/tether.rules.yaml is identical to alerts/tether.rules.yaml")
+
+    lint = helm.lint(str(CHART), strict=True, kube_version=KUBE_VERSION)
+    check(not lint["errors"] and not lint["messages"], f"helm lint --strict is clean: {json.dumps(lint['messages'])}")
+
+    remote = {"name": "cluster-a", "secretName": "tether-cluster-a"}
+    everything = {
+        "remotes": [remote, {"name": "cluster-b", "secretName": "tether-cluster-b", "key": "config", "context": "admin@b", "required": False}],
+        "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}}},
+        "alerts": {"enabled": True, "labels": {"release": "prometheus"}},
+        "dashboards": {"enabled": True},
+        "homeCluster": {"watch": True},
+    }
+    cases = {
+        "defaults": {},
+        "one remote": {"remotes": [remote]},
+        "every feature": everything,
+        "two replicas": {**everything, "replicaCount": 2},
+    }
+    for label, values in cases.items():
+        docs = render(values)
+        kinds = sorted(d["kind"] for d in docs)
+        print(f"      {label}: {', '.join(kinds)}")
+        kubernetes_validate(docs, label)
+        deploy = only(docs, "Deployment")
+        pod = deploy["spec"]["template"]["spec"]
+        container = pod["containers"][0]
+        check(pod["securityContext"]["runAsNonRoot"] is True
+              and container["securityContext"]["readOnlyRootFilesystem"] is True
+              and container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+              and pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault",
+              f"{label}: non-root, read-only root, no capabilities, RuntimeDefault seccomp")
+        check(container["livenessProbe"]["failureThreshold"] >= 3 and container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+              and container["readinessProbe"]["httpGet"]["path"] == "/readyz" and "startupProbe" in container,
+              f"{label}: liveness on /healthz (tolerant), readiness on /readyz, a startup probe")
+        check(pod["automountServiceAccountToken"] == bool(values.get("homeCluster", {}).get("watch")),
+              f"{label}: the service account token is mounted only when the home cluster is watched")
+        check((only(docs, "PodDisruptionBudget") is not None) == (values.get("replicaCount", 1) > 1),
+              f"{label}: a PodDisruptionBudget exactly when replicas > 1")
+        config_map = next((d for d in docs if d["kind"] == "ConfigMap" and "config.yaml" in d.get("data", {})), None)
+        config = yaml.safe_load(config_map["data"]["config.yaml"]) if config_map else None
+        check(config is not None and [r["name"] for r in config["remotes"]] == [r["name"] for r in values.get("remotes", [])],
+              f"{label}: the config lists the remotes")
+
+        rule = only(docs, "PrometheusRule")
+        if rule is not None:
+            source = yaml.safe_load(RULES.read_text())
+            check(rule["spec"] == source, f"{label}: the PrometheusRule carries exactly the groups of alerts/tether.rules.yaml")
+            with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+                yaml.safe_dump(rule["spec"], f)
+                f.flush()
+                result = subprocess.run(["promtool", "check", "rules", f.name], capture_output=True, text=True)
+                check(result.returncode == 0, f"{label}: the PrometheusRule's spec passes promtool check rules" + ("" if result.returncode == 0 else result.stdout + result.stderr))
+        monitor = only(docs, "ServiceMonitor")
+        if monitor is not None:
+            service = only(docs, "Service")
+            selector = monitor["spec"]["selector"]["matchLabels"]
+            labels = service["metadata"]["labels"]
+            ports = {p["name"] for p in service["spec"]["ports"]}
+            check(all(labels.get(k) == v for k, v in selector.items()), f"{label}: the ServiceMonitor selects the Service's labels")
+            check(all(e["port"] in ports for e in monitor["spec"]["endpoints"]), f"{label}: the ServiceMonitor's port is the Service's port name")
+        dashboard = next((d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-dashboard")), None)
+        if dashboard is not None:
+            board = json.loads(dashboard["data"]["tether.json"])
+            check(dashboard["metadata"]["labels"].get("grafana_dashboard") == "1" and len(board["panels"]) >= 5,
+                  f"{label}: the dashboard ConfigMap is labelled for the sidecar and has its panels")
+
+    # values.schema.json rejects bad values, naming the key.
+    chart = helm.Chart.load(str(CHART))
+    bad = {
+        "a negative interval": ({"config": {"probe": {"interval": "-1s"}}}, "interval"),
+        "a bad port": ({"adminPort": 70000}, "adminPort"),
+        "an unknown key": ({"config": {"probe": {"intervall": "10s"}}}, "intervall"),
+        "a wrong type": ({"replicaCount": "two"}, "replicaCount"),
+        "a bad enum": ({"logFormat": "xml"}, "logFormat"),
+        "a bad pull policy": ({"image": {"pullPolicy": "Sometimes"}}, "pullPolicy"),
+        "a remote without a Secret": ({"remotes": [{"name": "a"}]}, "secretName"),
+    }
+    for label, (values, key) in bad.items():
+        try:
+            chart.validate_schema(values)
+            check(False, f"the schema rejects {label}")
+        except helm.HelmError as err:
+            message = " ".join(str(err).split())
+            check(key in message, f"the schema rejects {label}, naming {key}: {message[:200]}")
+    try:
+        chart.validate_schema({"remotes": [remote]})
+        check(True, "the schema accepts good values")
+    except helm.HelmError as err:
+        check(False, f"the schema accepts good values: {err}")
+
+    print(f"{len(failures)} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
