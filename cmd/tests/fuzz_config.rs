@@ -1,0 +1,168 @@
+//! Bad input never panics, and every rejection names a field: a
+//! time-bounded random search over config files and server URLs.
+//!
+//! `FUZZ_SECONDS` sets the budget (default 5; scripts/test's fuzz step runs
+//! it for 60). The total executions are printed.
+
+use std::path::Path;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use proptest::strategy::ValueTree as _;
+use proptest::test_runner::{Config as RunnerConfig, TestRunner};
+use tether::config::Config;
+use tokio::time::Instant;
+
+fn budget() -> Duration {
+    let seconds = std::env::var("FUZZ_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5);
+    Duration::from_secs(seconds)
+}
+
+/// Each top-level section, valid or mangled, at most once, so that random
+/// files get past the YAML parser often enough to reach validation.
+fn admin() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just(String::new()),
+        Just("admin: {address: \"0.0.0.0:9090\"}".to_owned()),
+        "[a-z:0-9. ]{0,20}".prop_map(|a| format!("admin: {{address: \"{a}\"}}")),
+    ]
+}
+
+fn probe() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just(String::new()),
+        Just("probe: {interval: 10s, timeout: 5s}".to_owned()),
+        ("[0-9]{0,3}(ms|s|m|h|x|)", "[0-9]{0,3}(ms|s|m|h|x|)")
+            .prop_map(|(i, t)| format!("probe: {{interval: {i}, timeout: {t}}}")),
+        (-2i64..6, -1.0f64..2.0)
+            .prop_map(|(n, j)| format!("probe: {{failureThreshold: {n}, jitter: {j}}}")),
+    ]
+}
+
+fn supervisor() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just(String::new()),
+        (0.0f64..4.0, -0.5f64..1.5)
+            .prop_map(|(f, j)| format!("supervisor: {{backoff: {{factor: {f}, jitter: {j}}}}}")),
+        ("[0-9]{1,3}(ms|s|m)", "[0-9]{1,3}(ms|s|m)")
+            .prop_map(|(i, m)| format!("supervisor: {{backoff: {{initial: {i}, max: {m}}}}}")),
+    ]
+}
+
+fn remotes() -> impl Strategy<Value = String> {
+    let remote = prop_oneof![
+        "[a-z]{1,6}".prop_map(|n| format!("{{name: {n}, server: \"https://{n}.example:6443\"}}")),
+        (
+            "[a-zA-Z0-9._ -]{0,12}",
+            "(https?|ftp|)://[a-zA-Z0-9.:@\\[\\]/-]{0,30}"
+        )
+            .prop_map(|(n, s)| format!("{{name: \"{n}\", server: \"{s}\"}}")),
+        "[a-zA-Z0-9._/-]{0,20}".prop_map(|k| format!("{{name: k, kubeconfig: \"{k}\"}}")),
+        Just("{name: both, kubeconfig: x, server: \"https://h\"}".to_owned()),
+    ];
+    prop::collection::vec(remote, 0..4).prop_map(|rs| format!("remotes: [{}]", rs.join(", ")))
+}
+
+fn watch() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just(String::new()),
+        Just("watch: [{apiVersion: v1, kind: ConfigMap, namespace: default}]".to_owned()),
+        (
+            "(v1|apps/v1|v9|[a-z0-9/.]{0,8})",
+            "(ConfigMap|Node|Deployment|[A-Za-z]{0,8})",
+            prop::option::of("[a-z]{1,6}")
+        )
+            .prop_map(|(v, k, ns)| match ns {
+                Some(ns) =>
+                    format!("watch: [{{apiVersion: \"{v}\", kind: \"{k}\", namespace: {ns}}}]"),
+                None => format!("watch: [{{apiVersion: \"{v}\", kind: \"{k}\"}}]"),
+            }),
+    ]
+}
+
+fn file() -> impl Strategy<Value = String> {
+    (
+        admin(),
+        probe(),
+        supervisor(),
+        remotes(),
+        watch(),
+        prop_oneof![3 => Just(String::new()), 1 => "[ -~\n]{0,40}"],
+    )
+        .prop_map(|(a, p, s, r, w, noise)| [a, p, s, r, w, noise].join("\n"))
+}
+
+#[test]
+fn random_configs_never_panic_and_every_rejection_names_a_field() {
+    let deadline = Instant::now() + budget();
+    let mut runner = TestRunner::new(RunnerConfig {
+        failure_persistence: None,
+        ..RunnerConfig::default()
+    });
+    let strategy = file();
+    let (mut executions, mut accepted) = (0u64, 0u64);
+    while Instant::now() < deadline {
+        let text = strategy
+            .new_tree(&mut runner)
+            .expect("a value can be generated")
+            .current();
+        executions += 1;
+        match std::panic::catch_unwind(|| {
+            Config::parse(&text, "fuzz.yaml", Path::new("/nonexistent"))
+        }) {
+            Ok(Ok(_)) => accepted += 1,
+            Ok(Err(err)) => {
+                assert_eq!(err.file, "fuzz.yaml");
+                assert!(!err.field.is_empty(), "no field for {text:?}: {err}");
+                assert!(!err.message.is_empty(), "no reason for {text:?}: {err}");
+            }
+            Err(payload) => {
+                std::panic::resume_unwind(Box::new(format!(
+                    "Config::parse panicked on {text:?}: {payload:?}"
+                )));
+            }
+        }
+    }
+    println!("config fuzz: {executions} executions, {accepted} accepted");
+    assert!(executions > 100, "the budget allowed too few executions");
+}
+
+#[test]
+fn random_server_urls_never_panic_identity() {
+    let deadline = Instant::now() + budget();
+    let mut runner = TestRunner::new(RunnerConfig {
+        failure_persistence: None,
+        ..RunnerConfig::default()
+    });
+    let strategy = "(https?|HTTPS?|ftp|)(://)?([a-zA-Z0-9_-]{0,8}(:[a-z0-9]{0,6})?@)?[a-zA-Z0-9.\\[\\]:-]{0,24}(:[0-9]{0,6})?(/[a-z/]{0,10})?";
+    let mut executions = 0u64;
+    while Instant::now() < deadline {
+        let text = strategy
+            .new_tree(&mut runner)
+            .expect("a value can be generated")
+            .current();
+        executions += 1;
+        let Ok(uri) = text.parse::<http::Uri>() else {
+            continue;
+        };
+        let outcome = std::panic::catch_unwind(|| {
+            let normalized = tether_probes::normalize_url(&uri);
+            let identity = tether_probes::Identity::of(&kube::Config::new(uri.clone()));
+            (normalized, identity)
+        });
+        let (normalized, identity) =
+            outcome.unwrap_or_else(|_| panic!("identity panicked on {text:?}"));
+        if let (Ok(url), Ok(identity)) = (normalized, identity) {
+            assert_eq!(url, identity.url);
+            assert!(
+                !identity.host().contains('@'),
+                "userinfo in the host label of {text:?}"
+            );
+        }
+    }
+    println!("identity fuzz: {executions} executions");
+    assert!(executions > 100);
+}
