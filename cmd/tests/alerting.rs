@@ -12,9 +12,12 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::Value;
+mod common;
+
+use common::{free_port, http_get};
 use tether_testkit::{ApiServer, Fault, Options};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 use tokio::time::{Instant, timeout};
@@ -32,13 +35,6 @@ fn tool(name: &str) -> PathBuf {
         .unwrap_or_else(|| {
             panic!("{name} is not installed: apt-get install prometheus prometheus-alertmanager (scripts/test does this)")
         })
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
 }
 
 fn spawn(program: &Path, args: &[String], log: &Path) -> Child {
@@ -118,23 +114,6 @@ async fn webhook(listener: TcpListener, tx: mpsc::UnboundedSender<Value>) {
             }
         });
     }
-}
-
-async fn http_get(addr: &str, path: &str) -> Option<String> {
-    let mut stream = timeout(Duration::from_secs(2), TcpStream::connect(addr))
-        .await
-        .ok()?
-        .ok()?;
-    stream
-        .write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
-        .await
-        .ok()?;
-    let mut response = String::new();
-    timeout(Duration::from_secs(2), stream.read_to_string(&mut response))
-        .await
-        .ok()?
-        .ok()?;
-    response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())
 }
 
 /// The next notification about `alertname` for `remote` with `status`.
@@ -289,7 +268,8 @@ async fn an_unreachable_remote_pages_through_prometheus_and_alertmanager() {
             &prom,
             "/api/v1/query?query=count(tether_remote_apiserver_reachable%3D%3D1)",
         )
-        .await;
+        .await
+        .map(|(_, body)| body);
         if body
             .as_deref()
             .is_some_and(|b| b.contains("\"value\":[") && b.contains(",\"3\"]"))

@@ -10,9 +10,11 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+mod common;
+
+use common::free_port;
 use tether_testkit::{ApiServer, Fault, Options, Resource};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::TcpStream;
+use tokio::io::AsyncReadExt as _;
 use tokio::process::{Child, Command};
 use tokio::time::{Instant, timeout};
 
@@ -25,13 +27,6 @@ struct Tether {
     stderr: Arc<Mutex<String>>,
     _dir: tempfile::TempDir,
     config: std::path::PathBuf,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
 }
 
 async fn remote(name: &str, tls: bool) -> ApiServer {
@@ -118,22 +113,7 @@ impl Tether {
 
     /// `GET path` on the admin server: the status and the body.
     async fn get(&self, path: &str) -> Option<(u16, String)> {
-        let mut stream = timeout(Duration::from_secs(2), TcpStream::connect(&self.admin))
-            .await
-            .ok()?
-            .ok()?;
-        stream
-            .write_all(format!("GET {path} HTTP/1.0\r\nHost: admin\r\n\r\n").as_bytes())
-            .await
-            .ok()?;
-        let mut response = String::new();
-        timeout(Duration::from_secs(2), stream.read_to_string(&mut response))
-            .await
-            .ok()?
-            .ok()?;
-        let code = response.split_whitespace().nth(1)?.parse().ok()?;
-        let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
-        Some((code, body))
+        common::http_get(&self.admin, path).await
     }
 
     /// The value of one series, e.g. `tether_cycles_total{cause="remote_lost"}`.
