@@ -3,11 +3,16 @@
 // Each test file compiles this module on its own and uses part of it.
 #![allow(dead_code)]
 
+use std::fmt::Write as _;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tether_testkit::{ApiServer, Options, Resource};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
-use tokio::time::timeout;
+use tokio::process::{Child, Command};
+use tokio::time::{Instant, timeout};
 
 /// A port free at the time of asking, on 127.0.0.1.
 pub(crate) fn free_port() -> u16 {
@@ -36,4 +41,193 @@ pub(crate) async fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
     let code = response.split_whitespace().nth(1)?.parse().ok()?;
     let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
     Some((code, body))
+}
+
+/// Bound on anything a test waits for.
+pub(crate) const DEADLINE: Duration = Duration::from_secs(60);
+
+pub(crate) struct Tether {
+    pub(crate) child: Child,
+    pub(crate) admin: String,
+    stderr: Arc<Mutex<String>>,
+    _dir: tempfile::TempDir,
+    pub(crate) config: std::path::PathBuf,
+}
+
+pub(crate) async fn remote(name: &str, tls: bool) -> ApiServer {
+    let mut options = Options::default().name(name);
+    if tls {
+        options = options.tls(true).token(format!("{name}-token"));
+    }
+    let server = ApiServer::start(options).await.expect("server");
+    for i in 0..3 {
+        server
+            .put(
+                Resource::ConfigMap,
+                "default",
+                serde_json::json!({"metadata": {"name": format!("cm-{i}")}}),
+            )
+            .expect("put");
+    }
+    server
+}
+
+pub(crate) fn config_yaml(
+    dir: &std::path::Path,
+    admin: &str,
+    remotes: &[(&str, &ApiServer)],
+) -> String {
+    config_yaml_with(dir, admin, remotes, "")
+}
+
+/// The test config, with `probe_extra` (e.g. `, unreachableStatuses: [503]`)
+/// added to the probe section.
+pub(crate) fn config_yaml_with(
+    dir: &std::path::Path,
+    admin: &str,
+    remotes: &[(&str, &ApiServer)],
+    probe_extra: &str,
+) -> String {
+    let mut yaml = format!(
+        "admin: {{address: \"{admin}\"}}\n\
+         probe: {{interval: 1s, timeout: 500ms, failureThreshold: 3, jitter: 0.0{probe_extra}}}\n\
+         supervisor: {{backoff: {{initial: 1s, max: 4s, jitter: 0.0}}, shutdownGrace: 5s}}\n\
+         watch: [{{apiVersion: v1, kind: ConfigMap}}]\n\
+         remotes:\n"
+    );
+    for (name, server) in remotes {
+        let path = dir.join(format!("{name}.kubeconfig"));
+        server.kubeconfig().write(&path).expect("kubeconfig");
+        let _ = writeln!(yaml, "- {{name: {name}, kubeconfig: {}}}", path.display());
+    }
+    yaml
+}
+
+impl Tether {
+    pub(crate) fn run(remotes: &[(&str, &ApiServer)]) -> Self {
+        Self::run_with(remotes, &[])
+    }
+
+    pub(crate) fn run_with(remotes: &[(&str, &ApiServer)], extra: &[&str]) -> Self {
+        Self::start(remotes, extra, "")
+    }
+
+    /// Runs `tether [extra] run` with the test config plus `probe_extra`.
+    pub(crate) fn start(remotes: &[(&str, &ApiServer)], extra: &[&str], probe_extra: &str) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let admin = format!("127.0.0.1:{}", free_port());
+        let config = dir.path().join("tether.yaml");
+        std::fs::write(
+            &config,
+            config_yaml_with(dir.path(), &admin, remotes, probe_extra),
+        )
+        .expect("config");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tether"))
+            .args(extra)
+            .arg("run")
+            .arg("--config")
+            .arg(&config)
+            .env("RUST_LOG", "info,kube_client::client::builder=off")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("tether starts");
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let mut pipe = child.stderr.take().expect("piped");
+        let sink = Arc::clone(&stderr);
+        tokio::spawn(async move {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = pipe.read(&mut buf).await {
+                if n == 0 {
+                    return;
+                }
+                sink.lock()
+                    .expect("not poisoned")
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        Self {
+            child,
+            admin,
+            stderr,
+            _dir: dir,
+            config,
+        }
+    }
+
+    pub(crate) fn logs(&self) -> String {
+        self.stderr.lock().expect("not poisoned").clone()
+    }
+
+    /// `GET path` on the admin server: the status and the body.
+    pub(crate) async fn get(&self, path: &str) -> Option<(u16, String)> {
+        http_get(&self.admin, path).await
+    }
+
+    /// The value of one series, e.g. `tether_cycles_total{cause="remote_lost"}`.
+    pub(crate) async fn metric(&self, series: &str) -> Option<f64> {
+        let (_, body) = self.get("/metrics").await?;
+        body.lines()
+            .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
+    /// Polls until `pred` holds of the metric, checking `/healthz` each time.
+    pub(crate) async fn until_metric(&self, series: &str, what: &str, pred: impl Fn(f64) -> bool) {
+        let started = Instant::now();
+        loop {
+            if let Some(value) = self.metric(series).await
+                && pred(value)
+            {
+                return;
+            }
+            if let Some((code, body)) = self.get("/healthz").await {
+                assert_eq!(
+                    code, 200,
+                    "/healthz failed while waiting for {what}: {body}"
+                );
+            }
+            assert!(
+                started.elapsed() < DEADLINE,
+                "{series} never reached {what}; logs:\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub(crate) async fn until_ready(&self, ready: bool) {
+        let started = Instant::now();
+        let want = if ready { 200 } else { 503 };
+        loop {
+            if let Some((code, _)) = self.get("/readyz").await
+                && code == want
+            {
+                return;
+            }
+            assert!(
+                started.elapsed() < DEADLINE,
+                "/readyz never answered {want}; logs:\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub(crate) fn signal(&self, signal: &str) {
+        let pid = self.child.id().expect("running").to_string();
+        let status = std::process::Command::new("kill")
+            .args([&format!("-{signal}"), &pid])
+            .status()
+            .expect("kill runs");
+        assert!(status.success());
+    }
+
+    pub(crate) async fn wait(&mut self) -> std::process::ExitStatus {
+        timeout(DEADLINE, self.child.wait())
+            .await
+            .expect("tether did not exit")
+            .expect("wait works")
+    }
 }
