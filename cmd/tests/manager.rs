@@ -2,33 +2,13 @@
 
 use std::time::Duration;
 
-use prometheus::Registry;
-use tether::config::WatchSpec;
-use tether::manager::{ManagedRemote, WatchManager};
-use tether_probes::{ProbeConfig, ProbeSet, Remote};
-use tether_supervisor::{BackoffConfig, Cause, Supervisor, SupervisorConfig};
+mod common;
+
+use common::start_in_process;
+use tether_probes::ProbeConfig;
+use tether_supervisor::Cause;
 use tether_testkit::{ApiServer, Options};
 use tokio::time::{Instant, timeout};
-use tokio_util::sync::CancellationToken;
-
-fn configmaps() -> WatchSpec {
-    WatchSpec {
-        api_version: "v1".into(),
-        kind: "ConfigMap".into(),
-        plural: "configmaps".into(),
-        namespaced: true,
-        namespace: None,
-        label_selector: None,
-    }
-}
-
-async fn config_of(server: &ApiServer) -> kube::Config {
-    let kubeconfig =
-        kube::config::Kubeconfig::from_yaml(&server.kubeconfig().to_yaml()).expect("kubeconfig");
-    kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
-        .await
-        .expect("config")
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_task_outlives_its_cycle_across_fifty_cycles() {
@@ -36,36 +16,17 @@ async fn no_task_outlives_its_cycle_across_fifty_cycles() {
         ApiServer::start(Options::default()).await.expect("server"),
         ApiServer::start(Options::default()).await.expect("server"),
     ];
-    let registry = Registry::new();
-    let probes = ProbeSet::new(ProbeConfig::default(), &registry).expect("probes");
-    let mut remotes = Vec::new();
-    let mut plan = Vec::new();
-    for (i, server) in servers.iter().enumerate() {
-        let config = config_of(server).await;
-        remotes.push(Remote::new(format!("r{i}"), config.clone()));
-        plan.push(ManagedRemote {
-            name: format!("r{i}"),
-            required: true,
-            config,
-        });
-    }
-    probes.sync(&remotes).expect("sync");
-    let manager = WatchManager::new(&registry, probes.handle(), plan, vec![configmaps()], true)
-        .expect("manager");
-    let handle = manager.handle();
-    let backoff = BackoffConfig::default()
-        .with_initial(Duration::from_millis(1))
-        .with_max(Duration::from_millis(1))
-        .with_jitter(0.0);
-    let supervisor = Supervisor::new(
-        manager,
-        SupervisorConfig::default().with_backoff(backoff),
-        &registry,
+    let stack = start_in_process(
+        &[("r0", &servers[0]), ("r1", &servers[1])],
+        ProbeConfig::default(),
     )
-    .expect("supervisor");
-    let status = supervisor.handle();
-    let root = CancellationToken::new();
-    let run = tokio::spawn(supervisor.run(root.clone()));
+    .await;
+    let (status, handle, root, run) = (
+        stack.status.clone(),
+        stack.manager.clone(),
+        stack.root.clone(),
+        stack.run,
+    );
 
     let metrics = tokio::runtime::Handle::current().metrics();
     let mut alive = Vec::new();

@@ -10,17 +10,13 @@
 
 use std::time::Duration;
 
-use prometheus::Registry;
-use tether::config::WatchSpec;
-use tether::manager::{ManagedRemote, WatchManager};
-use tether_probes::{ProbeConfig, ProbeSet, Remote};
-use tether_supervisor::{
-    BackoffConfig, CauseKind, ShutdownOutcome, Supervisor, SupervisorConfig, SupervisorHandle,
-};
+mod common;
+
+use common::start_in_process;
+use tether_probes::ProbeConfig;
+use tether_supervisor::CauseKind;
 use tether_testkit::{ApiServer, Fault, Options};
-use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout};
-use tokio_util::sync::CancellationToken;
 
 fn cycles() -> u64 {
     std::env::var("SOAK_CYCLES")
@@ -64,78 +60,20 @@ fn within_five_percent(base: usize, now: usize) -> bool {
     now <= base + (base / 20).max(2)
 }
 
-async fn config_of(server: &ApiServer) -> kube::Config {
-    let kubeconfig =
-        kube::config::Kubeconfig::from_yaml(&server.kubeconfig().to_yaml()).expect("kubeconfig");
-    kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
-        .await
-        .expect("config")
-}
-
-/// Probes (interval 100ms) and the built-in manager for both remotes, under
-/// a supervisor with a 1ms backoff. The probe set must outlive the run.
-async fn start(
-    flaky: &ApiServer,
-    steady: &ApiServer,
-) -> (
-    SupervisorHandle,
-    CancellationToken,
-    JoinHandle<ShutdownOutcome>,
-    ProbeSet,
-) {
-    let registry = Registry::new();
-    let probes = ProbeSet::new(
-        ProbeConfig::default()
-            .with_interval(Duration::from_millis(100))
-            .with_timeout(Duration::from_millis(50))
-            .with_jitter(0.0),
-        &registry,
-    )
-    .expect("probes");
-    let mut remotes = Vec::new();
-    let mut plan = Vec::new();
-    for (name, server) in [("flaky", &flaky), ("steady", &steady)] {
-        let config = config_of(server).await;
-        remotes.push(Remote::new(name, config.clone()));
-        plan.push(ManagedRemote {
-            name: name.into(),
-            required: true,
-            config,
-        });
-    }
-    probes.sync(&remotes).expect("sync");
-    let watch = vec![WatchSpec {
-        api_version: "v1".into(),
-        kind: "ConfigMap".into(),
-        plural: "configmaps".into(),
-        namespaced: true,
-        namespace: None,
-        label_selector: None,
-    }];
-    let manager =
-        WatchManager::new(&registry, probes.handle(), plan, watch, true).expect("manager");
-    let backoff = BackoffConfig::default()
-        .with_initial(Duration::from_millis(1))
-        .with_max(Duration::from_millis(1))
-        .with_jitter(0.0);
-    let supervisor = Supervisor::new(
-        manager,
-        SupervisorConfig::default().with_backoff(backoff),
-        &registry,
-    )
-    .expect("supervisor");
-    let status = supervisor.handle();
-    let root = CancellationToken::new();
-    let run = tokio::spawn(supervisor.run(root.clone()));
-    (status, root, run, probes)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forced_rebuilds_leak_no_tasks_descriptors_memory_or_watches() {
     let total = cycles();
     let flaky = ApiServer::start(Options::default()).await.expect("server");
     let steady = ApiServer::start(Options::default()).await.expect("server");
-    let (status, root, run, _probes) = start(&flaky, &steady).await;
+    let stack = start_in_process(
+        &[("flaky", &flaky), ("steady", &steady)],
+        ProbeConfig::default()
+            .with_interval(Duration::from_millis(100))
+            .with_timeout(Duration::from_millis(50))
+            .with_jitter(0.0),
+    )
+    .await;
+    let (status, root, run) = (stack.status.clone(), stack.root.clone(), stack.run);
 
     let started = Instant::now();
     let mut samples = Vec::new();

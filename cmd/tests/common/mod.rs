@@ -231,3 +231,77 @@ impl Tether {
             .expect("wait works")
     }
 }
+
+/// The library stack of `tether run`, in process: probes and the built-in
+/// manager (caching ConfigMaps) for `remotes`, all required, under a
+/// supervisor whose backoff is 1ms so cycles follow each other at once.
+pub(crate) struct InProcess {
+    pub(crate) status: tether_supervisor::SupervisorHandle,
+    pub(crate) manager: tether::manager::ManagerHandle,
+    pub(crate) root: tokio_util::sync::CancellationToken,
+    pub(crate) run: tokio::task::JoinHandle<tether_supervisor::ShutdownOutcome>,
+    /// Probing stops when this is dropped.
+    pub(crate) _probes: tether_probes::ProbeSet,
+}
+
+async fn config_of(server: &ApiServer) -> kube::Config {
+    let kubeconfig =
+        kube::config::Kubeconfig::from_yaml(&server.kubeconfig().to_yaml()).expect("kubeconfig");
+    kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
+        .await
+        .expect("config")
+}
+
+pub(crate) async fn start_in_process(
+    remotes: &[(&str, &ApiServer)],
+    probe: tether_probes::ProbeConfig,
+) -> InProcess {
+    use tether::manager::{ManagedRemote, WatchManager};
+    use tether_supervisor::{BackoffConfig, Supervisor, SupervisorConfig};
+
+    let registry = prometheus::Registry::new();
+    let probes = tether_probes::ProbeSet::new(probe, &registry).expect("probes");
+    let mut watched = Vec::new();
+    let mut plan = Vec::new();
+    for (name, server) in remotes {
+        let config = config_of(server).await;
+        watched.push(tether_probes::Remote::new(*name, config.clone()));
+        plan.push(ManagedRemote {
+            name: (*name).to_owned(),
+            required: true,
+            config,
+        });
+    }
+    probes.sync(&watched).expect("sync");
+    let watch = vec![tether::config::WatchSpec {
+        api_version: "v1".into(),
+        kind: "ConfigMap".into(),
+        plural: "configmaps".into(),
+        namespaced: true,
+        namespace: None,
+        label_selector: None,
+    }];
+    let manager =
+        WatchManager::new(&registry, probes.handle(), plan, watch, true).expect("manager");
+    let manager_handle = manager.handle();
+    let backoff = BackoffConfig::default()
+        .with_initial(Duration::from_millis(1))
+        .with_max(Duration::from_millis(1))
+        .with_jitter(0.0);
+    let supervisor = Supervisor::new(
+        manager,
+        SupervisorConfig::default().with_backoff(backoff),
+        &registry,
+    )
+    .expect("supervisor");
+    let status = supervisor.handle();
+    let root = tokio_util::sync::CancellationToken::new();
+    let run = tokio::spawn(supervisor.run(root.clone()));
+    InProcess {
+        status,
+        manager: manager_handle,
+        root,
+        run,
+        _probes: probes,
+    }
+}
