@@ -172,19 +172,22 @@ pub fn classify(error: &kube::Error) -> Outcome {
             error: root_cause(error),
         };
     }
-    let mut cause = None;
-    let mut current: Option<&(dyn StdError + 'static)> = Some(error);
+    Outcome::Unreachable {
+        cause: cause_in(error, FailureCause::Other),
+        error: root_cause(error),
+    }
+}
+
+/// The first decisive cause down `error`'s chain, else `fallback`.
+pub(crate) fn cause_in(error: &(dyn StdError + 'static), fallback: FailureCause) -> FailureCause {
+    let mut current = Some(error);
     while let Some(err) = current {
         if let Some(found) = classify_one(err) {
-            cause = Some(found);
-            break;
+            return found;
         }
         current = next_cause(err);
     }
-    Outcome::Unreachable {
-        cause: cause.unwrap_or(FailureCause::Other),
-        error: root_cause(error),
-    }
+    fallback
 }
 
 #[cfg(test)]

@@ -46,7 +46,7 @@ pub use crate::classify::{FailureCause, Outcome, ProbeResult, classify, root_cau
 pub use crate::config::ProbeConfig;
 pub use crate::cycle::{CycleEnd, next_cycle_end};
 pub use crate::identity::{Identity, Remote, host_port, normalize_url};
-pub use crate::probe::{probe_client, probe_once, without_userinfo};
+pub use crate::probe::{ProbeClient, probe_client, probe_once, without_userinfo};
 pub use crate::set::{CheckRow, ProbeSet, ProbeSetHandle, RemoteStatus, Transition, check};
 pub use crate::tracker::{Reachability, Tracker};
 
@@ -79,6 +79,10 @@ pub enum Error {
     /// kube could not build a client from a remote's configuration.
     #[error("building the probe client failed")]
     Client(#[source] kube::Error),
+    /// The name a remote's certificate must carry is not a valid server
+    /// name.
+    #[error("invalid TLS server name {0:?}")]
+    InvalidServerName(String),
     /// The metrics could not be registered.
     #[error("registering the probe metrics failed")]
     RegisterMetrics(#[source] prometheus::Error),

@@ -1,43 +1,367 @@
-//! One probe: `GET <path>` through a client built for probing.
+//! One probe: `GET <path>` on a connection kept for probing.
+//!
+//! A probe needs far less than kube's client: one request on one kept-alive
+//! connection. kube's client costs a tower buffer task, a connection pool
+//! and a stack of layers per remote, which dominated tether's memory and CPU
+//! at thousands of remotes. So a remote is probed on a single HTTP/1.1
+//! connection held by its probe, with kube's own TLS configuration and auth
+//! layers (token files, exec plugins, client certificates, impersonation),
+//! so a probe authenticates exactly as the remote's watches do. Remotes
+//! behind a proxy are probed through kube's client, which speaks to proxies.
 
+use std::error::Error as StdError;
+use std::future;
+use std::sync::Arc;
 use std::time::Duration;
 
-use http_body_util::BodyExt as _;
+use bytes::Bytes;
+use http::header::{CONNECTION, HOST};
+use http::{HeaderValue, Request, Response, Uri};
+use http_body_util::{BodyExt as _, Empty};
+use hyper::client::conn::http1;
+use hyper_util::rt::TokioIo;
+use kube::client::ConfigExt as _;
+use rustls::pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use tower::util::BoxService;
+use tower::{BoxError, Service as _, ServiceBuilder, ServiceExt as _};
 
-use crate::classify::{FailureCause, Outcome, ProbeResult, classify, root_cause};
+use crate::classify::{FailureCause, Outcome, ProbeResult, cause_in, classify, root_cause};
 use crate::{Error, ProbeConfig, Result};
 
 /// The most of a probe's response body that is read, so the connection can
 /// be reused; `/readyz` answers a few bytes.
 const MAX_BODY: usize = 64 * 1024;
 
+/// Turns a probe request into what is sent: base URL, credentials, extra
+/// headers, exactly as kube's client would.
+type Decorate = BoxService<Request<Empty<Bytes>>, Request<Empty<Bytes>>, BoxError>;
+
+/// The client one remote is probed with: see [`probe_client`].
+pub struct ProbeClient(Transport);
+
+impl std::fmt::Debug for ProbeClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match &self.0 {
+            Transport::Direct(_) => "ProbeClient(direct)",
+            Transport::Proxied(_) => "ProbeClient(proxied)",
+        })
+    }
+}
+
+enum Transport {
+    Direct(Box<Direct>),
+    Proxied(kube::Client),
+}
+
+struct Direct {
+    host: String,
+    port: u16,
+    /// The `Host` header: the URL's authority, without userinfo.
+    authority: HeaderValue,
+    tls: Option<(tokio_rustls::TlsConnector, ServerName<'static>)>,
+    decorate: Decorate,
+    conn: Option<Conn>,
+}
+
+/// A kept-alive connection: the sender, and the task driving it, which ends
+/// when the connection closes.
+struct Conn {
+    sender: http1::SendRequest<Empty<Bytes>>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Why a request got no status.
+enum Failure {
+    /// Before the network: credentials, the request itself.
+    Local(String),
+    /// The transport failed.
+    Transport { cause: FailureCause, error: String },
+}
+
+impl Failure {
+    fn local(error: &(dyn StdError + 'static)) -> Self {
+        Self::Local(root_cause(error))
+    }
+
+    fn transport(error: &(dyn StdError + 'static), fallback: FailureCause) -> Self {
+        Self::Transport {
+            cause: cause_in(error, fallback),
+            error: root_cause(error),
+        }
+    }
+}
+
 /// Builds the client a probe uses from a remote's kube configuration.
 ///
-/// kube's defaults do not suit a probe: its retry policy retries a 503 for
-/// minutes, and it has no timeouts. This client has `default_retry` off,
-/// connect and write timeouts of `probe.timeout`, and a read timeout; every
-/// request is also bounded by `probe.timeout` in [`probe_once`].
+/// The client keeps one connection to the remote and reuses it from probe to
+/// probe; it never retries a status. Every probe is bounded by its deadline
+/// in [`probe_once`], connecting and TLS included.
 ///
-/// The read timeout is twice the interval, not the probe's deadline: it also
-/// applies to a pooled connection idling between probes, and a shorter one
-/// would kill every connection before its next use, so each probe would pay
-/// for a new TCP and TLS handshake. The deadline bounds the probe itself.
+/// A remote behind a proxy is probed through kube's client instead, with
+/// `default_retry` off, connect and write timeouts of `probe.timeout`, and
+/// a read timeout of twice the interval (shorter, it would also kill the
+/// pooled connection idling between probes).
 ///
 /// # Errors
 ///
-/// [`Error::Client`] if kube cannot build a client from the configuration
-/// (a bad certificate, say).
-pub fn probe_client(config: &kube::Config, probe: &ProbeConfig) -> Result<kube::Client> {
+/// [`Error::Client`] if the configuration cannot make a client (a bad
+/// certificate, an invalid server name, unusable credentials).
+pub fn probe_client(config: &kube::Config, probe: &ProbeConfig) -> Result<ProbeClient> {
     let mut config = config.clone();
     // Userinfo in a server URL authenticates nothing for kube, but the URL
     // ends up in library trace logs; the probe's client never carries it.
     config.cluster_url = without_userinfo(&config.cluster_url);
-    config.default_retry = false;
-    config.connect_timeout = Some(probe.timeout);
-    config.write_timeout = Some(probe.timeout);
-    config.read_timeout = Some(probe.interval * 2);
-    kube::Client::try_from(config).map_err(Error::Client)
+    if config.proxy_url.is_some() {
+        config.default_retry = false;
+        config.connect_timeout = Some(probe.timeout);
+        config.write_timeout = Some(probe.timeout);
+        config.read_timeout = Some(probe.interval * 2);
+        return kube::Client::try_from(config)
+            .map(|client| ProbeClient(Transport::Proxied(client)))
+            .map_err(Error::Client);
+    }
+    Direct::new(&config).map(|direct| ProbeClient(Transport::Direct(Box::new(direct))))
+}
+
+impl Direct {
+    fn new(config: &kube::Config) -> Result<Self> {
+        let url = &config.cluster_url;
+        let https = url.scheme_str() == Some("https");
+        let host = url
+            .host()
+            .unwrap_or_default()
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned();
+        let port = url.port_u16().unwrap_or(if https { 443 } else { 80 });
+        let authority = url
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+            .unwrap_or_else(|| HeaderValue::from_static("localhost"));
+        let tls = if https {
+            let mut tls = config.rustls_client_config().map_err(Error::Client)?;
+            tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+            // One server per client: rustls's default session cache holds
+            // 256, preallocated, which was most of a probe's memory.
+            tls.resumption = rustls::client::Resumption::in_memory_sessions(1);
+            let name = config
+                .tls_server_name
+                .clone()
+                .unwrap_or_else(|| host.clone());
+            let name =
+                ServerName::try_from(name.clone()).map_err(|_| Error::InvalidServerName(name))?;
+            Some((tokio_rustls::TlsConnector::from(Arc::new(tls)), name))
+        } else {
+            None
+        };
+        // kube's auth layer only wraps services that answer with a
+        // `Response`, so the innermost service hands the finished request
+        // back as a response's body.
+        let echo =
+            tower::service_fn(|request| future::ready(Ok::<_, BoxError>(Response::new(request))));
+        let decorate = ServiceBuilder::new()
+            .layer(config.base_uri_layer())
+            .option_layer(config.auth_layer().map_err(Error::Client)?)
+            .layer(config.extra_headers_layer().map_err(Error::Client)?)
+            .service(echo)
+            .map_response(Response::into_body);
+        Ok(Self {
+            host,
+            port,
+            authority,
+            tls,
+            decorate: BoxService::new(decorate),
+            conn: None,
+        })
+    }
+
+    async fn get(&mut self, path: &str) -> Result<u16, Failure> {
+        let request = Request::get(path)
+            .body(Empty::new())
+            .map_err(|err| Failure::local(&err))?;
+        let request = self
+            .decorate
+            .ready()
+            .await
+            .map_err(|err| Failure::local(err.as_ref()))?
+            .call(request)
+            .await
+            .map_err(|err| Failure::local(err.as_ref()))?;
+        // HTTP/1.1 sends the path and a Host header, not the absolute URL.
+        let (mut parts, _) = request.into_parts();
+        parts.uri = parts
+            .uri
+            .path_and_query()
+            .map_or_else(|| Uri::from_static("/"), |pq| Uri::from(pq.clone()));
+        parts.headers.insert(HOST, self.authority.clone());
+        let make = || {
+            let mut request = Request::new(Empty::new());
+            *request.uri_mut() = parts.uri.clone();
+            *request.headers_mut() = parts.headers.clone();
+            request
+        };
+
+        let reused = self.conn.as_ref().is_some_and(|c| !c.sender.is_closed());
+        if reused {
+            // A kept connection may have died since the last probe; a fresh
+            // one answers for the remote, as a pool would retry.
+            if let Ok(status) = self.send(make()).await {
+                return Ok(status);
+            }
+        }
+        self.conn = Some(self.connect().await?);
+        self.send(make()).await
+    }
+
+    async fn send(&mut self, request: Request<Empty<Bytes>>) -> Result<u16, Failure> {
+        let result = async {
+            let conn = self.conn.as_mut().ok_or_else(|| Failure::Transport {
+                cause: FailureCause::Reset,
+                error: "no connection".to_owned(),
+            })?;
+            conn.sender
+                .ready()
+                .await
+                .map_err(|err| Failure::transport(&err, FailureCause::Reset))?;
+            let response = conn
+                .sender
+                .send_request(request)
+                .await
+                .map_err(|err| Failure::transport(&err, FailureCause::Other))?;
+            let status = response.status().as_u16();
+            let closing = response
+                .headers()
+                .get(CONNECTION)
+                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
+            // Read the (small) body so the connection can be reused; a body
+            // that fails mid-way still answered with a status.
+            let body = http_body_util::Limited::new(response.into_body(), MAX_BODY);
+            let complete = match body.collect().await {
+                Ok(_) => true,
+                Err(err) => {
+                    tracing::debug!(error = %root_cause(err.as_ref()), "probe body not fully read");
+                    false
+                }
+            };
+            Ok((status, complete && !closing))
+        }
+        .await;
+        match result {
+            Ok((status, keep)) => {
+                if !keep {
+                    self.conn = None;
+                }
+                Ok(status)
+            }
+            Err(failure) => {
+                self.conn = None;
+                Err(failure)
+            }
+        }
+    }
+
+    async fn connect(&self) -> Result<Conn, Failure> {
+        let addresses = tokio::net::lookup_host((self.host.as_str(), self.port))
+            .await
+            .map_err(|err| Failure::transport(&err, FailureCause::Dns))?;
+        let mut last = None;
+        let mut stream = None;
+        for address in addresses {
+            match TcpStream::connect(address).await {
+                Ok(connected) => {
+                    stream = Some(connected);
+                    break;
+                }
+                Err(err) => last = Some(err),
+            }
+        }
+        let stream = match (stream, last) {
+            (Some(stream), _) => stream,
+            (None, Some(err)) => return Err(Failure::transport(&err, FailureCause::Other)),
+            (None, None) => {
+                return Err(Failure::Transport {
+                    cause: FailureCause::Dns,
+                    error: format!("{} resolved to no address", self.host),
+                });
+            }
+        };
+        // Nagle would hold back the request behind the handshake's last ack.
+        stream
+            .set_nodelay(true)
+            .map_err(|err| Failure::transport(&err, FailureCause::Other))?;
+        match &self.tls {
+            None => handshake(stream).await,
+            Some((connector, name)) => {
+                let stream = connector
+                    .connect(name.clone(), stream)
+                    .await
+                    .map_err(|err| Failure::transport(&err, FailureCause::Tls))?;
+                handshake(stream).await
+            }
+        }
+    }
+}
+
+async fn handshake<T>(stream: T) -> Result<Conn, Failure>
+where
+    T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    let (sender, connection) = http1::Builder::new()
+        .handshake(TokioIo::new(stream))
+        .await
+        .map_err(|err| Failure::transport(&err, FailureCause::Other))?;
+    let task = tokio::spawn(async move {
+        if let Err(err) = connection.await {
+            tracing::debug!(error = %root_cause(&err), "probe connection ended");
+        }
+    });
+    Ok(Conn { sender, task })
+}
+
+impl ProbeClient {
+    async fn get(&mut self, path: &str) -> Result<u16, Failure> {
+        match &mut self.0 {
+            Transport::Direct(direct) => direct.get(path).await,
+            Transport::Proxied(client) => proxied_get(client, path).await,
+        }
+    }
+
+    /// Drops the kept connection, after a probe that did not finish.
+    fn reset(&mut self) {
+        if let Transport::Direct(direct) = &mut self.0 {
+            direct.conn = None;
+        }
+    }
+
+    /// Resolves when the remote closes the connection kept for probing,
+    /// which is news worth a probe; never if none is kept.
+    ///
+    /// # Cancellation safety
+    ///
+    /// Cancel safe.
+    pub async fn closed(&mut self) {
+        match &mut self.0 {
+            Transport::Direct(direct) => match &mut direct.conn {
+                Some(conn) => {
+                    // The task only ends with the connection, and never panics.
+                    let _ = (&mut conn.task).await;
+                    direct.conn = None;
+                }
+                None => future::pending().await,
+            },
+            Transport::Proxied(_) => future::pending().await,
+        }
+    }
 }
 
 /// Sends one `GET path` and classifies what happened, within `timeout`.
@@ -48,20 +372,26 @@ pub fn probe_client(config: &kube::Config, probe: &ProbeConfig) -> Result<kube::
 ///
 /// # Cancellation safety
 ///
-/// Cancel safe: dropping the future drops the request.
+/// Cancel safe: dropping the future drops the request (and the connection
+/// it was on is not reused).
 pub async fn probe_once(
-    client: &kube::Client,
+    client: &mut ProbeClient,
     path: &str,
     timeout: Duration,
     unreachable_statuses: &[u16],
 ) -> ProbeResult {
     let started = Instant::now();
-    let outcome = match tokio::time::timeout(timeout, request(client, path)).await {
-        Err(_) => Outcome::Unreachable {
-            cause: FailureCause::Timeout,
-            error: format!("no answer within {timeout:?}"),
-        },
-        Ok(Err(err)) => classify(&err),
+    // Until the request finishes, the connection is in an unknown state.
+    let outcome = match tokio::time::timeout(timeout, client.get(path)).await {
+        Err(_) => {
+            client.reset();
+            Outcome::Unreachable {
+                cause: FailureCause::Timeout,
+                error: format!("no answer within {timeout:?}"),
+            }
+        }
+        Ok(Err(Failure::Local(error))) => Outcome::LocalError { error },
+        Ok(Err(Failure::Transport { cause, error })) => Outcome::Unreachable { cause, error },
         Ok(Ok(status)) if unreachable_statuses.contains(&status) => Outcome::Unreachable {
             cause: FailureCause::Status,
             error: format!("answered {status}, which unreachableStatuses lists"),
@@ -88,14 +418,19 @@ pub fn without_userinfo(uri: &http::Uri) -> http::Uri {
     http::Uri::from_parts(parts).unwrap_or_else(|_| uri.clone())
 }
 
-async fn request(client: &kube::Client, path: &str) -> Result<u16, kube::Error> {
-    let request = http::Request::get(path)
+async fn proxied_get(client: &kube::Client, path: &str) -> Result<u16, Failure> {
+    let request = Request::get(path)
         .body(Vec::new())
-        .map_err(kube::Error::HttpError)?;
-    let response = client.send(request.map(Into::into)).await?;
+        .map_err(|err| Failure::local(&err))?;
+    let response =
+        client
+            .send(request.map(Into::into))
+            .await
+            .map_err(|err| match classify(&err) {
+                Outcome::Unreachable { cause, error } => Failure::Transport { cause, error },
+                Outcome::LocalError { .. } | Outcome::Reachable { .. } => Failure::local(&err),
+            })?;
     let status = response.status().as_u16();
-    // Read the (small) body so the pooled connection can be reused; a body
-    // that fails mid-way still answered with a status.
     let body = http_body_util::Limited::new(response.into_body(), MAX_BODY);
     if let Err(err) = body.collect().await {
         tracing::debug!(error = %root_cause(err.as_ref()), "probe body not fully read");

@@ -8,7 +8,8 @@
 //! - [`ProbeSet::sync`] keeps the task and the state of every identity that
 //!   stays, stops the tasks of identities that go, and deletes the metric
 //!   series of every name that goes.
-//! - Each task probes at once, then every `interval` ± `jitter`. Every probe
+//! - Each task probes at once, then every `interval` ± `jitter`, and once
+//!   early when the remote closes the connection kept for probing. Every probe
 //!   has its own deadline (`timeout` ≤ `interval / 2`), so one remote never
 //!   delays another, and a probe always reports before the next is due.
 //! - A task that panics is restarted after one interval; the panic is
@@ -32,7 +33,7 @@ use tracing::{Instrument as _, error, info, info_span, warn};
 
 use crate::classify::{FailureCause, Outcome, ProbeResult};
 use crate::metrics::Metrics;
-use crate::probe::{probe_client, probe_once};
+use crate::probe::{ProbeClient, probe_client, probe_once};
 use crate::{Error, Identity, ProbeConfig, Reachability, Remote, Result, Tracker};
 
 /// How many transitions a slow subscriber may fall behind.
@@ -433,14 +434,36 @@ async fn supervise_probe(inner: Arc<Inner>, shared: Arc<Shared>, stop: Cancellat
 
 async fn probe_loop(inner: &Inner, shared: &Shared, stop: &CancellationToken) {
     let config = &inner.config;
-    let mut client: Option<(u64, kube::Client)> = None;
+    let mut client: Option<(u64, ProbeClient)> = None;
     let mut next = Instant::now();
+    // At most one early probe between two regular ticks.
+    let mut early = false;
+    let mut may_probe_early = true;
     loop {
+        let closed = async {
+            match client.as_mut() {
+                Some((_, client)) => client.closed().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             biased;
             () = stop.cancelled() => return,
             () = tokio::time::sleep_until(next) => {}
+            () = closed => {
+                // The remote closed the connection kept for probing, as a
+                // stopping apiserver does: probe now rather than at the next
+                // tick. Once between regular ticks, so a server that closes
+                // idle connections cannot multiply the probes.
+                if may_probe_early {
+                    next = Instant::now();
+                    early = true;
+                }
+                continue;
+            }
         }
+        may_probe_early = !early;
+        early = false;
         let tick = Instant::now();
         next = tick + jittered(config.interval, config.jitter);
         let rebuild = {
@@ -465,7 +488,7 @@ async fn probe_loop(inner: &Inner, shared: &Shared, stop: &CancellationToken) {
                 }
             };
         }
-        let (_, probe_client) = client.as_ref().expect("built above when missing or stale");
+        let (_, probe_client) = client.as_mut().expect("built above when missing or stale");
         let result = tokio::select! {
             biased;
             () = stop.cancelled() => return,
@@ -570,9 +593,9 @@ pub async fn check(remotes: &[Remote], config: &ProbeConfig) -> Result<Vec<Check
     }
     let probes = groups.into_iter().map(|(identity, group)| async move {
         let result = match probe_client(&group[0].config, config) {
-            Ok(client) => {
+            Ok(mut client) => {
                 probe_once(
-                    &client,
+                    &mut client,
                     &config.path,
                     config.timeout,
                     &config.unreachable_statuses,

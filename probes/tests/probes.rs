@@ -35,8 +35,8 @@ fn one_off() -> ProbeConfig {
 }
 
 async fn probe(server: &ApiServer, statuses: &[u16]) -> Outcome {
-    let client = probe_client(&config_of(server).await, &one_off()).expect("client");
-    probe_once(&client, "/readyz", TIMEOUT, statuses)
+    let mut client = probe_client(&config_of(server).await, &one_off()).expect("client");
+    probe_once(&mut client, "/readyz", TIMEOUT, statuses)
         .await
         .outcome
 }
@@ -114,8 +114,10 @@ async fn an_unresolvable_host_is_a_dns_failure() {
             .parse()
             .expect("valid"),
     );
-    let client = probe_client(&config, &one_off()).expect("client");
-    let outcome = probe_once(&client, "/readyz", TIMEOUT, &[]).await.outcome;
+    let mut client = probe_client(&config, &one_off()).expect("client");
+    let outcome = probe_once(&mut client, "/readyz", TIMEOUT, &[])
+        .await
+        .outcome;
     assert_eq!(cause_of(&outcome), FailureCause::Dns, "{outcome:?}");
 }
 
@@ -327,6 +329,31 @@ async fn probes_reuse_one_connection_between_ticks() {
     // An idle pooled connection outlives the gap between probes: no new
     // TCP and TLS handshake per probe.
     assert_eq!(server.stats().connections_accepted, 1);
+}
+
+#[tokio::test]
+async fn a_remote_closing_the_probe_connection_is_probed_before_the_next_tick() {
+    let server = ApiServer::start(Options::default().tls(true))
+        .await
+        .expect("server");
+    // The next regular tick is a minute away, three times the deadline.
+    let config = ProbeConfig::default()
+        .with_interval(DEADLINE * 3)
+        .with_timeout(TIMEOUT)
+        .with_jitter(0.0)
+        .with_failure_threshold(1);
+    let probes = ProbeSet::new(config, &Registry::new()).expect("probe set");
+    let mut transitions = probes.handle().subscribe();
+    probes
+        .sync(&[Remote::new("a", config_of(&server).await)])
+        .expect("sync");
+    let up = next_transition(&mut transitions, "first probe").await;
+    assert_eq!(up.to, Reachability::Reachable);
+    // Refusing closes every open connection, the probe's kept one too.
+    server.set_fault(Fault::Refuse).await.expect("fault");
+    let down = next_transition(&mut transitions, "early probe").await;
+    assert_eq!(down.to, Reachability::Unreachable);
+    assert_eq!(server.requests("/readyz"), 1);
 }
 
 #[tokio::test]
