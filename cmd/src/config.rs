@@ -554,9 +554,10 @@ impl Config {
         let (supervisor, rebuild_on_recovery) =
             check.supervisor(raw.supervisor.unwrap_or_default())?;
         let remotes = check.remotes(raw.remotes.unwrap_or_default())?;
+        // Absent: the default. An explicit empty list watches nothing.
         let watch = match raw.watch {
-            Some(watch) if !watch.is_empty() => check.watch(watch)?,
-            _ => default_watch(),
+            Some(watch) => check.watch(watch)?,
+            None => default_watch(),
         };
         Ok(Self {
             file: None,
@@ -677,5 +678,16 @@ mod tests {
         assert!(config.rebuild_on_recovery);
         assert!(config.remotes[0].required);
         assert_eq!(config.watch[0].resource_label(), "namespaces");
+    }
+
+    #[test]
+    fn an_explicit_empty_watch_list_watches_nothing() {
+        let config = Config::parse(
+            "remotes: [{name: a, server: \"https://h:6443\"}]\nwatch: []",
+            "t.yaml",
+            Path::new("."),
+        )
+        .expect("valid");
+        assert!(config.watch.is_empty());
     }
 }

@@ -331,7 +331,14 @@ impl ManagerFactory for WatchManager {
         let (synced_tx, mut synced_rx) = mpsc::unbounded_channel();
         let mut tasks = JoinSet::new();
         let mut required = BTreeSet::new();
-        for remote in &plan.remotes {
+        // With nothing to watch, no remote is used: no client is built, and
+        // no remote's transitions end the cycle.
+        let used = if plan.watch.is_empty() {
+            &[][..]
+        } else {
+            &plan.remotes[..]
+        };
+        for remote in used {
             let client = kube::Client::try_from(remote.config.clone()).map_err(|err| {
                 ManagerError::build(format!(
                     "remote {}: {}",
@@ -358,7 +365,7 @@ impl ManagerFactory for WatchManager {
             cycle.set_manager_up(true);
         }
 
-        let names: BTreeSet<String> = plan.remotes.iter().map(|r| r.name.clone()).collect();
+        let names: BTreeSet<String> = used.iter().map(|r| r.name.clone()).collect();
         let ends = end_cycle_on_transitions(
             &cycle,
             &mut transitions,
