@@ -1,16 +1,23 @@
 //! The fault matrix: one of three remotes fails in each way a remote can,
 //! against the real binary, with bounds derived from the test config
 //! (interval 1s, failureThreshold 3, timeout 500ms, no jitter, backoff 1s).
+//!
+//! SIGTERM during a build is `daemon.rs`'s
+//! `sigterm_while_caches_cannot_sync_still_exits_cleanly_and_logs_json`. A
+//! manager that panics every cycle needs a manager that panics, which the
+//! binary does not have: that row runs the library stack in process.
 
 // Metric values compared here are small integers, exact in f64.
 #![allow(clippy::float_cmp)]
 
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 mod common;
 
 use common::{DEADLINE, Tether, remote};
-use tether_testkit::{ApiServer, Fault, Resource, Restart};
+use tether_testkit::{ApiServer, Fault, Resource, Restart, TestHost};
 use tokio::time::Instant;
 
 const INTERVAL: Duration = Duration::from_secs(1);
@@ -332,4 +339,222 @@ async fn a_new_ca_is_lost_as_tls_and_back_after_the_kubeconfig_is_updated() {
     )
     .await;
     tether.until_ready(true).await;
+}
+
+/// `fake-apiserver`, which the workspace's test build puts next to `tether`.
+fn fake_apiserver() -> PathBuf {
+    let path = Path::new(env!("CARGO_BIN_EXE_tether")).with_file_name("fake-apiserver");
+    assert!(
+        path.exists(),
+        "{} is missing: cargo build -p tether-testkit --bin fake-apiserver",
+        path.display()
+    );
+    path
+}
+
+/// Adds a remote to the running tether's config file and reloads.
+fn add_remote(tether: &Tether, name: &str, kubeconfig: &Path) {
+    let mut yaml = std::fs::read_to_string(&tether.config).expect("config");
+    writeln!(
+        yaml,
+        "- {{name: {name}, kubeconfig: {}}}",
+        kubeconfig.display()
+    )
+    .expect("a String");
+    std::fs::write(&tether.config, yaml).expect("config");
+    tether.signal("HUP");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blackholed_remote_is_lost_as_timeout_and_the_admin_server_stays_fast() {
+    let host = TestHost::create().unwrap_or_else(|err| {
+        panic!("cannot make a test host: {err} (needs root and iproute2: apt-get install iproute2)")
+    });
+    let dir = tempfile::tempdir().expect("temp dir");
+    let kubeconfig = dir.path().join("b.kubeconfig");
+    let address = host.addr().to_string();
+    let mut command = tokio::process::Command::from(host.command(fake_apiserver()));
+    let _server = command
+        .args(["--listen", &address, "--port", "6443", "--tls"])
+        .args(["--token", "b-token", "--cert-name", &address, "--name", "b"])
+        .args(["--objects", "3", "--kubeconfig-out"])
+        .arg(&kubeconfig)
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("fake-apiserver starts in the test host");
+    let begun = Instant::now();
+    while !kubeconfig.exists() {
+        assert!(
+            begun.elapsed() < DEADLINE,
+            "fake-apiserver wrote no kubeconfig"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let (a, c) = (remote("a", false).await, remote("c", false).await);
+    let tether = Tether::run(&[("a", &a), ("c", &c)]);
+    tether.until_ready(true).await;
+    add_remote(&tether, "b", &kubeconfig);
+    let series =
+        format!("tether_remote_apiserver_reachable{{host=\"{address}:6443\",remote=\"b\"}}");
+    tether.until_metric(&series, "1", |v| v == 1.0).await;
+    tether.until_ready(true).await;
+
+    let struck = Instant::now();
+    host.blackhole(6443, true).unwrap_or_else(|err| {
+        panic!("cannot drop packets: {err} (needs nftables: apt-get install nftables)")
+    });
+    // Until the loss shows, and while it does, the admin server answers
+    // without waiting on any probe.
+    let mut slowest = Duration::ZERO;
+    while tether.metric(&series).await != Some(0.0) {
+        assert!(
+            struck.elapsed() < detection_bound(),
+            "not lost within {:?}; logs:\n{}",
+            detection_bound(),
+            tether.logs()
+        );
+        for path in ["/healthz", "/status"] {
+            let asked = Instant::now();
+            let (code, _) = tether.get(path).await.expect("the admin server answers");
+            assert_eq!(code, 200, "{path}");
+            slowest = slowest.max(asked.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(slowest < TIMEOUT, "the admin server took {slowest:?}");
+    assert_eq!(last_cause(&tether, "b").await.as_deref(), Some("timeout"));
+    tether
+        .until_metric("tether_cycles_total{cause=\"remote_lost\"}", "1", |v| {
+            v == 1.0
+        })
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_during_a_build_is_applied_exactly_once() {
+    let (a, b, c) = three(false).await;
+    // Every list fails, /readyz included, with a status: b stays reachable,
+    // and the manager stays in its build, never up.
+    let failing = Fault::Status {
+        code: 500,
+        all_paths: true,
+    };
+    b.set_fault(failing).await.expect("status");
+    let tether = Tether::run(&[("a", &a), ("b", &b), ("c", &c)]);
+    tether
+        .until_metric(&reachable(&b, "b"), "1", |v| v == 1.0)
+        .await;
+    assert_eq!(tether.metric("tether_manager_up").await, Some(0.0));
+
+    let d = remote("d", false).await;
+    let kubeconfig = tether
+        .config
+        .parent()
+        .expect("a folder")
+        .join("d.kubeconfig");
+    d.kubeconfig().write(&kubeconfig).expect("kubeconfig");
+    add_remote(&tether, "d", &kubeconfig);
+    tether
+        .until_metric(&reachable(&d, "d"), "1", |v| v == 1.0)
+        .await;
+    // Long enough for the file poll (every 2s) to see the same file twice.
+    probes(&d, 5).await;
+    let applied = "tether_config_reloads_total{result=\"applied\"}";
+    assert_eq!(tether.metric(applied).await, Some(1.0), "{}", tether.logs());
+    assert_eq!(
+        tether
+            .metric("tether_cycles_total{cause=\"config_changed\"}")
+            .await,
+        Some(1.0)
+    );
+    assert_eq!(tether.metric("tether_cycle").await, Some(2.0));
+
+    // The build of the new config completes once b answers again, with d.
+    b.set_fault(Fault::Up).await.expect("up");
+    tether.until_ready(true).await;
+    assert_eq!(
+        tether
+            .metric("tether_watch_synced{remote=\"d\",resource=\"configmaps\"}")
+            .await,
+        Some(1.0)
+    );
+    assert_eq!(tether.get("/healthz").await.map(|(c, _)| c), Some(200));
+}
+
+/// A manager that panics as soon as it runs.
+struct Panicking;
+
+impl tether_supervisor::ManagerFactory for Panicking {
+    async fn run(
+        &self,
+        _cycle: tether_supervisor::CycleToken,
+    ) -> Result<(), tether_supervisor::ManagerError> {
+        panic!("this manager always panics");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manager_that_panics_every_cycle_backs_off_to_the_cap_and_never_stops() {
+    use tether_supervisor::{BackoffConfig, Supervisor, SupervisorConfig};
+
+    let registry = prometheus::Registry::new();
+    let max = Duration::from_millis(160);
+    let backoff = BackoffConfig::default()
+        .with_initial(Duration::from_millis(10))
+        .with_max(max)
+        .with_jitter(0.0);
+    let supervisor = Supervisor::new(
+        Panicking,
+        SupervisorConfig::default().with_backoff(backoff),
+        &registry,
+    )
+    .expect("supervisor");
+    let status = supervisor.handle();
+    let root = tokio_util::sync::CancellationToken::new();
+    let run = tokio::spawn(supervisor.run(root.clone()));
+
+    // 10, 20, 40, 80 ms, then the cap: by cycle 12 it has held for a while.
+    let panicked = |status: &tether_supervisor::SupervisorHandle| {
+        status.status().ended[&tether_supervisor::CauseKind::ManagerPanicked]
+    };
+    let begun = Instant::now();
+    let mut longest = Duration::ZERO;
+    while panicked(&status) < 12 {
+        assert!(
+            begun.elapsed() < DEADLINE,
+            "cycles stopped: {:?}",
+            status.status()
+        );
+        assert!(!run.is_finished(), "the supervisor stopped");
+        longest = longest.max(status.status().backoff.unwrap_or_default());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        longest, max,
+        "the backoff never reached its cap, or passed it"
+    );
+    let counted = registry
+        .gather()
+        .into_iter()
+        .find(|f| f.name() == "tether_cycles_total")
+        .and_then(|f| {
+            f.get_metric()
+                .iter()
+                .find(|m| {
+                    m.get_label()
+                        .iter()
+                        .any(|l| l.value() == "manager_panicked")
+                })
+                .map(|m| m.get_counter().get_value())
+        })
+        .expect("the cycles counter");
+    assert!(counted >= 12.0, "{counted}");
+    assert!(!run.is_finished(), "the supervisor stopped");
+    root.cancel();
+    assert_eq!(
+        run.await.expect("the supervisor returns at shutdown"),
+        tether_supervisor::ShutdownOutcome::Clean
+    );
 }
