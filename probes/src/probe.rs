@@ -36,6 +36,9 @@ use crate::{Error, ProbeConfig, Result};
 /// be reused; `/readyz` answers a few bytes.
 const MAX_BODY: usize = 64 * 1024;
 
+/// How much a probe's connection reads at a time.
+const READ_BUFFER: usize = 1024;
+
 /// Turns a probe request into what is sent: base URL, credentials, extra
 /// headers, exactly as kube's client would.
 type Decorate = BoxService<Request<Empty<Bytes>>, Request<Empty<Bytes>>, BoxError>;
@@ -151,8 +154,8 @@ impl Direct {
         let tls = if https {
             let mut tls = config.rustls_client_config().map_err(Error::Client)?;
             tls.alpn_protocols = vec![b"http/1.1".to_vec()];
-            // One server per client: rustls's default session cache holds
-            // 256, preallocated, which was most of a probe's memory.
+            // One server per client: rustls's default session cache is
+            // preallocated for 256 servers, a kilobyte per remote for nothing.
             tls.resumption = rustls::client::Resumption::in_memory_sessions(1);
             let name = config
                 .tls_server_name
@@ -317,6 +320,9 @@ where
     T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
     let (sender, connection) = http1::Builder::new()
+        // An answer to a probe is a few hundred bytes; hyper's adaptive
+        // buffer starts at 8 KiB, per remote.
+        .read_buf_exact_size(Some(READ_BUFFER))
         .handshake(TokioIo::new(stream))
         .await
         .map_err(|err| Failure::transport(&err, FailureCause::Other))?;
