@@ -1,0 +1,1105 @@
+//! The whole-process scale and speed harness: `tether run` (the release
+//! binary) against simulated remotes held in this process.
+//!
+//! ```text
+//! cargo build --release -p tether
+//! cargo run --release -p tether-tests --bin scale -- --remotes 1000 --blackbox
+//! cargo run --release -p tether-tests --bin scale -- --remotes 10000
+//! cargo run --release -p tether-tests --bin scale -- --detection 20
+//! ```
+//!
+//! It prints a table and writes the same figures as JSON (`--json`,
+//! default `target/scale/<mode>.json`).
+
+// A benchmark measures wall-clock time; no paused clock here.
+#![allow(clippy::disallowed_methods)]
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use clap::Parser;
+use serde_json::{Value, json};
+use tether_testkit::{ApiServer, Fault, Options};
+
+/// Whole-process figures of tether, optionally beside `blackbox_exporter` and
+/// Prometheus probing the same remotes.
+#[derive(Debug, Parser)]
+struct Args {
+    /// Simulated remotes (HTTPS, a CA and a token each) to probe.
+    #[arg(long, default_value_t = 0)]
+    remotes: usize,
+    /// Probe interval of the scale run.
+    #[arg(long, default_value = "10s", value_parser = tether_testkit::parse_duration)]
+    interval: Duration,
+    /// How long to measure once every remote is reachable.
+    #[arg(long, default_value = "120s", value_parser = tether_testkit::parse_duration)]
+    measure: Duration,
+    /// Also run Debian's prometheus-blackbox-exporter and Prometheus against
+    /// the same remotes, and compare.
+    #[arg(long)]
+    blackbox: bool,
+    /// Detection trials per fault (refuse, hang) in the side-by-side run.
+    #[arg(long, default_value_t = 5)]
+    blackbox_trials: usize,
+    /// Instead of a scale run: this many detection and rebuild trials per
+    /// fault against three remotes (interval 1s, threshold 3, timeout 500ms).
+    #[arg(long)]
+    detection: Option<usize>,
+    /// The built-in manager's watch list: `default` (Namespaces on every
+    /// remote) or `none` (`watch: []`: probes only, as blackbox does).
+    #[arg(long, default_value = "default")]
+    watch: String,
+    /// Where to write the JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Internal: serve remotes `FROM..FROM+COUNT` into this folder.
+    #[arg(long, hide = true, requires = "serve_count")]
+    serve_dir: Option<PathBuf>,
+    #[arg(long, hide = true, default_value_t = 0)]
+    serve_from: usize,
+    #[arg(long, hide = true)]
+    serve_count: Option<usize>,
+}
+
+/// Remotes per server process: each holds a listener and at least one
+/// connection per remote, within the 20,000 descriptors a process may have.
+const PER_PROCESS: usize = 2_500;
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("scale: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+type Result<T, E = String> = std::result::Result<T, E>;
+
+fn run(args: &Args) -> Result<()> {
+    if let (Some(dir), Some(count)) = (&args.serve_dir, args.serve_count) {
+        return serve(dir, args.serve_from, count);
+    }
+    let (mode, report) = if let Some(trials) = args.detection {
+        ("detection", detection(trials)?)
+    } else if args.remotes > 0 {
+        let mode = if args.blackbox { "blackbox" } else { "scale" };
+        (mode, scale(args)?)
+    } else {
+        return Err("say --remotes N or --detection N".to_owned());
+    };
+    let file = if mode == "detection" {
+        "detection.json".to_owned()
+    } else {
+        format!("{mode}-{}-watch-{}.json", args.remotes, args.watch)
+    };
+    let path = args
+        .json
+        .clone()
+        .unwrap_or_else(|| target_dir().join("scale").join(file));
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    let mut report = report;
+    report["machine"] = machine();
+    report["date"] = json!(today());
+    std::fs::write(&path, serde_json::to_string_pretty(&report).expect("JSON"))
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    println!("JSON: {}", path.display());
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Processes and their figures.
+
+fn target_dir() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent()?.parent().map(Path::to_path_buf))
+        .unwrap_or_else(|| PathBuf::from("target"))
+}
+
+/// The release `tether` next to this binary.
+fn tether_binary() -> Result<PathBuf> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let path = exe.with_file_name("tether");
+    if path.exists() {
+        Ok(path)
+    } else {
+        Err(format!(
+            "{} is missing: run `cargo build --release -p tether` first",
+            path.display()
+        ))
+    }
+}
+
+fn which(tool: &str, install: &str) -> Result<PathBuf> {
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|dir| dir.join(tool))
+        .find(|p| p.exists())
+        .ok_or_else(|| format!("{tool} not found: {install}"))
+}
+
+fn machine() -> Value {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|l| l.trim_start_matches([' ', '\t', ':']).to_owned())
+        })
+        .unwrap_or_default();
+    json!({
+        "cores": std::thread::available_parallelism().map_or(0, std::num::NonZero::get),
+        "cpu": cpu,
+    })
+}
+
+fn today() -> String {
+    let days = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() / 86_400);
+    let (y, m, d) = civil_from_days(i64::try_from(days).unwrap_or(0));
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+/// Howard Hinnant's `civil_from_days`.
+fn civil_from_days(z: i64) -> (i64, i64, i64) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = if m > 2 { m - 3 } else { m + 9 };
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// Seconds since the epoch of an RFC 3339 UTC timestamp, as tracing writes.
+fn parse_timestamp(text: &str) -> Option<f64> {
+    let (date, time) = text.trim_end_matches('Z').split_once('T')?;
+    let mut ymd = date.split('-').map(|p| p.parse::<i64>().ok());
+    let (year, month, day) = (ymd.next()??, ymd.next()??, ymd.next()??);
+    let mut hms = time.split(':');
+    let hours: f64 = hms.next()?.parse().ok()?;
+    let minutes: f64 = hms.next()?.parse().ok()?;
+    let seconds: f64 = hms.next()?.parse().ok()?;
+    #[allow(clippy::cast_precision_loss)]
+    let days = days_from_civil(year, month, day) as f64;
+    Some(days * 86_400.0 + hours * 3600.0 + minutes * 60.0 + seconds)
+}
+
+fn now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// A child process, killed when dropped, with its stderr kept.
+struct Process {
+    name: &'static str,
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl Process {
+    fn spawn(name: &'static str, command: &mut Command) -> Result<Self> {
+        let mut child = command
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("{name}: {e}"))?;
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let stderr = child.stderr.take().expect("piped");
+        let sink = Arc::clone(&lines);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                sink.lock().expect("lines").push(line);
+            }
+        });
+        Ok(Self { name, child, lines })
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// User plus system CPU seconds so far.
+    fn cpu(&self) -> f64 {
+        let stat =
+            std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap_or_default();
+        let fields: Vec<&str> = stat
+            .rsplit_once(") ")
+            .map(|(_, rest)| rest.split(' ').collect())
+            .unwrap_or_default();
+        let ticks = |i: usize| {
+            fields
+                .get(i)
+                .and_then(|f| f.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        #[allow(clippy::cast_precision_loss)]
+        let seconds = (ticks(11) + ticks(12)) as f64 / 100.0;
+        seconds
+    }
+
+    /// A `/proc/<pid>/status` field in KiB (`VmRSS`, `VmHWM`).
+    fn kib(&self, field: &str) -> u64 {
+        std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+                    .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            })
+            .unwrap_or(0)
+    }
+
+    fn alive(&mut self) -> Result<()> {
+        match self.child.try_wait() {
+            Ok(None) => Ok(()),
+            Ok(Some(status)) => Err(format!(
+                "{} exited ({status}); last lines:\n{}",
+                self.name,
+                self.tail(20)
+            )),
+            Err(e) => Err(format!("{}: {e}", self.name)),
+        }
+    }
+
+    fn tail(&self, n: usize) -> String {
+        let lines = self.lines.lock().expect("lines");
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+
+    /// The JSON log lines of `message`, as (unix time, fields).
+    fn events(&self, message: &str) -> Vec<(f64, Value)> {
+        self.lines
+            .lock()
+            .expect("lines")
+            .iter()
+            .filter(|l| l.contains(message))
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|v| v["fields"]["message"] == message)
+            .filter_map(|v| {
+                Some((
+                    parse_timestamp(v["timestamp"].as_str()?)?,
+                    v["fields"].clone(),
+                ))
+            })
+            .collect()
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `GET path` over HTTP/1.0: status, body, and how long it took.
+fn http_get(addr: &str, path: &str) -> Result<(u16, String, Duration)> {
+    let started = Instant::now();
+    let mut stream = TcpStream::connect(addr).map_err(|e| format!("{addr}: {e}"))?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .map_err(|e| e.to_string())?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").map_err(|e| e.to_string())?;
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .map_err(|e| format!("{addr}{path}: {e}"))?;
+    let elapsed = started.elapsed();
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("{addr}{path}: no status"))?;
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Ok((status, body, elapsed))
+}
+
+/// The sum of a metric's samples in Prometheus text, over lines that
+/// contain `filter`.
+fn metric_sum(text: &str, name: &str, filter: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter(|l| l.contains(filter))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+/// Polls `check` every `every` until it returns `Some`, for at most `limit`.
+fn poll<T>(
+    what: &str,
+    limit: Duration,
+    every: Duration,
+    mut check: impl FnMut() -> Result<Option<T>>,
+) -> Result<T> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(found) = check()? {
+            return Ok(found);
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{what}: not within {limit:?}"));
+        }
+        std::thread::sleep(every);
+    }
+}
+
+fn free_port() -> Result<u16> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| e.to_string())
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => values[n / 2],
+        n => f64::midpoint(values[n / 2 - 1], values[n / 2]),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Simulated remotes and tether's configuration.
+
+/// Simulated remotes, served by child processes of this binary, with a
+/// kubeconfig, a CA file and a token file each in one folder.
+struct Remotes {
+    servers: Vec<Server>,
+    urls: Vec<String>,
+    dir: tempfile::TempDir,
+}
+
+struct Server {
+    child: Child,
+    stdin: std::process::ChildStdin,
+    stdout: BufReader<std::process::ChildStdout>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Remotes {
+    fn start(count: usize) -> Result<Self> {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let mut servers = Vec::new();
+        for from in (0..count).step_by(PER_PROCESS) {
+            let mut child = Command::new(&exe)
+                .args(["--serve-dir", &dir.path().to_string_lossy()])
+                .args(["--serve-from", &from.to_string()])
+                .args(["--serve-count", &PER_PROCESS.min(count - from).to_string()])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .map_err(|e| format!("server process: {e}"))?;
+            let stdin = child.stdin.take().expect("piped");
+            let stdout = BufReader::new(child.stdout.take().expect("piped"));
+            servers.push(Server {
+                child,
+                stdin,
+                stdout,
+            });
+        }
+        let mut urls = Vec::with_capacity(count);
+        for server in &mut servers {
+            loop {
+                let mut line = String::new();
+                if server
+                    .stdout
+                    .read_line(&mut line)
+                    .map_err(|e| e.to_string())?
+                    == 0
+                {
+                    return Err("a server process ended before it was ready".to_owned());
+                }
+                match line.trim().split_once(' ') {
+                    Some(("url", url)) => urls.push(url.to_owned()),
+                    _ if line.trim() == "ready" => break,
+                    _ => return Err(format!("server process said {line:?}")),
+                }
+            }
+        }
+        Ok(Self { servers, urls, dir })
+    }
+
+    fn len(&self) -> usize {
+        self.urls.len()
+    }
+
+    fn path(&self, file: &str) -> PathBuf {
+        self.dir.path().join(file)
+    }
+
+    fn set_fault(&mut self, i: usize, fault: &Fault) -> Result<()> {
+        let server = &mut self.servers[i / PER_PROCESS];
+        writeln!(server.stdin, "{i} {fault}").map_err(|e| e.to_string())?;
+        let mut line = String::new();
+        server
+            .stdout
+            .read_line(&mut line)
+            .map_err(|e| e.to_string())?;
+        if line.trim() == "ok" {
+            Ok(())
+        } else {
+            Err(format!("setting {fault} on remote {i}: {line}"))
+        }
+    }
+}
+
+/// The server process: starts `count` remotes, writes their files, prints
+/// `url <url>` for each and `ready`, then applies `<index> <fault>` lines
+/// from stdin until it closes.
+fn serve(dir: &Path, from: usize, count: usize) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("tokio runtime: {e}"))?;
+    let servers = runtime.block_on(async {
+        let mut servers = Vec::with_capacity(count);
+        for i in from..from + count {
+            let server = ApiServer::start(
+                Options::default()
+                    .tls(true)
+                    .token(format!("token-{i:05}"))
+                    .name(name(i)),
+            )
+            .await
+            .map_err(|e| format!("simulated remote {i}: {e}"))?;
+            servers.push(server);
+        }
+        Ok::<_, String>(servers)
+    })?;
+    let mut out = std::io::stdout().lock();
+    for (offset, server) in servers.iter().enumerate() {
+        let n = name(from + offset);
+        let write = |file: String, text: &str| {
+            std::fs::write(dir.join(file), text).map_err(|e| e.to_string())
+        };
+        write(format!("{n}.kubeconfig"), &server.kubeconfig().to_yaml())?;
+        write(format!("{n}.ca.pem"), &server.ca_pem().unwrap_or_default())?;
+        write(format!("{n}.token"), &server.token().unwrap_or_default())?;
+        writeln!(out, "url {}", server.url()).map_err(|e| e.to_string())?;
+    }
+    writeln!(out, "ready").map_err(|e| e.to_string())?;
+    out.flush().map_err(|e| e.to_string())?;
+    for line in std::io::stdin().lines().map_while(Result::ok) {
+        let (index, fault) = line.split_once(' ').ok_or("a line: <index> <fault>")?;
+        let index: usize = index.parse().map_err(|_| format!("bad index {index:?}"))?;
+        let fault: Fault = fault.parse()?;
+        let server = servers
+            .get(index.wrapping_sub(from))
+            .ok_or_else(|| format!("remote {index} is not served here"))?;
+        runtime
+            .block_on(server.set_fault(fault))
+            .map_err(|e| e.to_string())?;
+        writeln!(out, "ok").map_err(|e| e.to_string())?;
+        out.flush().map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+fn name(i: usize) -> String {
+    format!("remote-{i:05}")
+}
+
+/// A tether config for `remotes`: `probe` and `supervisor` in YAML flow
+/// form, and `watch` as a YAML value.
+fn tether_config(
+    remotes: &Remotes,
+    admin: &str,
+    probe: &str,
+    supervisor: &str,
+    watch: &str,
+) -> Result<PathBuf> {
+    let mut yaml = format!(
+        "admin: {{ address: \"{admin}\" }}\nprobe: {probe}\nsupervisor: {supervisor}\nwatch: {watch}\nremotes:\n"
+    );
+    for i in 0..remotes.len() {
+        let _ = writeln!(
+            yaml,
+            "  - {{ name: {n}, kubeconfig: {n}.kubeconfig }}",
+            n = name(i)
+        );
+    }
+    let path = remotes.path("tether.yaml");
+    std::fs::write(&path, yaml).map_err(|e| e.to_string())?;
+    Ok(path)
+}
+
+fn start_tether(config: &Path) -> Result<Process> {
+    Process::spawn(
+        "tether",
+        Command::new(tether_binary()?).args([
+            "run",
+            "--config",
+            &config.to_string_lossy(),
+            "--log-format",
+            "json",
+        ]),
+    )
+}
+
+/// Waits until tether reports every remote reachable and its manager up.
+fn until_all_reachable(tether: &mut Process, admin: &str, count: usize) -> Result<Duration> {
+    let started = Instant::now();
+    #[allow(clippy::cast_precision_loss)]
+    let want = count as f64;
+    poll(
+        "every remote reachable and the manager up",
+        Duration::from_secs(600),
+        Duration::from_millis(500),
+        || {
+            tether.alive()?;
+            let Ok((_, text, _)) = http_get(admin, "/metrics") else {
+                return Ok(None);
+            };
+            let reachable = metric_sum(&text, "tether_remote_apiserver_reachable", "");
+            let up = metric_sum(&text, "tether_manager_up", "");
+            Ok((reachable >= want && up >= 1.0).then(|| started.elapsed()))
+        },
+    )
+}
+
+// ---------------------------------------------------------------------------
+// Scale, and the side-by-side with blackbox_exporter.
+
+struct Sample {
+    cpu: f64,
+    at: Instant,
+}
+
+fn sample(process: &Process) -> Sample {
+    Sample {
+        cpu: process.cpu(),
+        at: Instant::now(),
+    }
+}
+
+fn cpu_percent(process: &Process, since: &Sample) -> f64 {
+    100.0 * (process.cpu() - since.cpu) / since.at.elapsed().as_secs_f64()
+}
+
+#[allow(clippy::too_many_lines, clippy::cast_precision_loss)]
+fn scale(args: &Args) -> Result<Value> {
+    let count = args.remotes;
+    let interval = args.interval.as_secs_f64();
+    eprintln!("starting {count} simulated remotes (HTTPS, token each)");
+    let mut remotes = Remotes::start(count)?;
+    let admin = format!("127.0.0.1:{}", free_port()?);
+    // In the side-by-side run both sides call a remote lost on its first
+    // failed probe, as blackbox's probe_success does.
+    let threshold = if args.blackbox { 1 } else { 3 };
+    let config = tether_config(
+        &remotes,
+        &admin,
+        &format!(
+            "{{ interval: {interval}s, timeout: {}s, failureThreshold: {threshold} }}",
+            interval / 2.0
+        ),
+        "{ rebuildOnRecovery: true }",
+        match args.watch.as_str() {
+            "default" => "[{ apiVersion: v1, kind: Namespace }]",
+            "none" => "[]",
+            other => return Err(format!("--watch {other}: say default or none")),
+        },
+    )?;
+    let mut tether = start_tether(&config)?;
+    let warmup = until_all_reachable(&mut tether, &admin, count)?;
+    eprintln!("tether: all {count} reachable and the manager up after {warmup:.1?}");
+
+    let mut peers = if args.blackbox {
+        Some(start_blackbox(&remotes, interval)?)
+    } else {
+        None
+    };
+    if let Some((blackbox, prometheus, prom_addr)) = peers.as_mut() {
+        poll(
+            "Prometheus has every probe_success",
+            Duration::from_secs(600),
+            Duration::from_secs(1),
+            || {
+                blackbox.alive()?;
+                prometheus.alive()?;
+                let up = prom_query(prom_addr, "count(probe_success == 1)")?;
+                Ok((up.first().map(|(_, v)| *v) == Some(count as f64)).then_some(()))
+            },
+        )?;
+        eprintln!("blackbox: all {count} probe_success == 1");
+    }
+
+    eprintln!("measuring for {:?}", args.measure);
+    let t0 = sample(&tether);
+    let peers_before = peers.as_ref().map(|(b, p, _)| (sample(b), sample(p)));
+    std::thread::sleep(args.measure);
+    let tether_cpu = cpu_percent(&tether, &t0);
+    let peer_cpu = peers
+        .as_ref()
+        .zip(peers_before.as_ref())
+        .map(|((b, p, _), (b0, p0))| (cpu_percent(b, b0), cpu_percent(p, p0)));
+    tether.alive()?;
+    let tether_peak = tether.kib("VmHWM");
+    let tether_rss = tether.kib("VmRSS");
+
+    let mut scrapes = Vec::new();
+    let mut size = 0;
+    for _ in 0..5 {
+        let (status, body, took) = http_get(&admin, "/metrics")?;
+        if status != 200 {
+            return Err(format!("/metrics answered {status}"));
+        }
+        size = body.len();
+        scrapes.push(took.as_secs_f64() * 1000.0);
+    }
+    let scrape_max = scrapes.iter().copied().fold(0.0, f64::max);
+    let scrape_median = median(&mut scrapes);
+
+    let mut rows = vec![
+        ("remotes".to_owned(), count.to_string()),
+        ("probe interval".to_owned(), format!("{interval}s")),
+        ("built-in manager watches".to_owned(), args.watch.clone()),
+        (
+            "warm-up (all reachable, manager up)".to_owned(),
+            format!("{:.1}s", warmup.as_secs_f64()),
+        ),
+        (
+            "tether CPU".to_owned(),
+            format!("{tether_cpu:.2}% of one core"),
+        ),
+        (
+            "tether RSS (peak / now)".to_owned(),
+            format!(
+                "{:.1} / {:.1} MiB",
+                tether_peak as f64 / 1024.0,
+                tether_rss as f64 / 1024.0
+            ),
+        ),
+        (
+            "/metrics scrape (median / max of 5)".to_owned(),
+            format!(
+                "{scrape_median:.1} / {scrape_max:.1} ms, {} KiB",
+                size / 1024
+            ),
+        ),
+    ];
+    let mut report = json!({
+        "remotes": count,
+        "interval_seconds": interval,
+        "watch": args.watch,
+        "measure_seconds": args.measure.as_secs_f64(),
+        "warmup_seconds": warmup.as_secs_f64(),
+        "tether": {
+            "cpu_percent": tether_cpu,
+            "peak_rss_kib": tether_peak,
+            "rss_kib": tether_rss,
+            "metrics_scrape_ms_median": scrape_median,
+            "metrics_scrape_ms_max": scrape_max,
+            "metrics_bytes": size,
+            "failure_threshold": threshold,
+        },
+    });
+
+    if let (Some((blackbox, prometheus, prom_addr)), Some((b_cpu, p_cpu))) =
+        (peers.as_mut(), peer_cpu)
+    {
+        let (b_peak, p_peak) = (blackbox.kib("VmHWM"), prometheus.kib("VmHWM"));
+        let peer_cpu = b_cpu + p_cpu;
+        let peer_peak = b_peak + p_peak;
+        rows.push((
+            "blackbox_exporter CPU / peak RSS".to_owned(),
+            format!("{b_cpu:.2}% / {:.1} MiB", b_peak as f64 / 1024.0),
+        ));
+        rows.push((
+            "Prometheus CPU / peak RSS".to_owned(),
+            format!("{p_cpu:.2}% / {:.1} MiB", p_peak as f64 / 1024.0),
+        ));
+        rows.push((
+            "peer ÷ tether, CPU".to_owned(),
+            format!("{:.1}×", peer_cpu / tether_cpu),
+        ));
+        rows.push((
+            "peer ÷ tether, peak RSS".to_owned(),
+            format!("{:.1}×", peer_peak as f64 / tether_peak as f64),
+        ));
+        let detections =
+            side_by_side_detection(&mut remotes, &mut tether, prom_addr, args.blackbox_trials)?;
+        for (fault, (tether_s, blackbox_s)) in &detections {
+            let (mut t, mut b) = (tether_s.clone(), blackbox_s.clone());
+            rows.push((
+                format!("detection, {fault} (median: tether / blackbox)"),
+                format!("{:.2}s / {:.2}s", median(&mut t), median(&mut b)),
+            ));
+        }
+        report["blackbox_exporter"] = json!({ "cpu_percent": b_cpu, "peak_rss_kib": b_peak });
+        report["prometheus"] = json!({ "cpu_percent": p_cpu, "peak_rss_kib": p_peak });
+        report["ratio_cpu"] = json!(peer_cpu / tether_cpu);
+        report["ratio_peak_rss"] = json!(peer_peak as f64 / tether_peak as f64);
+        report["detection_seconds"] = json!(
+            detections
+                .iter()
+                .map(|(fault, (t, b))| (fault.clone(), json!({ "tether": t, "blackbox": b })))
+                .collect::<BTreeMap<_, _>>()
+        );
+    }
+    print_table(&rows);
+    Ok(report)
+}
+
+fn print_table(rows: &[(String, String)]) {
+    let width = rows
+        .iter()
+        .map(|(k, _)| k.chars().count())
+        .max()
+        .unwrap_or(0);
+    println!();
+    for (key, value) in rows {
+        println!("{key:width$}  {value}");
+    }
+    println!();
+}
+
+fn start_blackbox(remotes: &Remotes, interval: f64) -> Result<(Process, Process, String)> {
+    let blackbox_bin = which(
+        "prometheus-blackbox-exporter",
+        "apt-get install -y prometheus-blackbox-exporter",
+    )?;
+    let prometheus_bin = which("prometheus", "apt-get install -y prometheus")?;
+    // One module per remote: its own CA and token, as tether has.
+    let mut modules = String::from("modules:\n");
+    let mut targets = String::new();
+    for (i, url) in remotes.urls.iter().enumerate() {
+        let n = name(i);
+        let _ = write!(
+            modules,
+            "  {n}:\n    prober: http\n    timeout: {timeout}s\n    http:\n      preferred_ip_protocol: ip4\n      bearer_token_file: {token}\n      tls_config: {{ ca_file: {ca} }}\n",
+            timeout = interval / 2.0,
+            token = remotes.path(&format!("{n}.token")).display(),
+            ca = remotes.path(&format!("{n}.ca.pem")).display(),
+        );
+        let _ = write!(
+            targets,
+            "      - targets: [\"{url}/readyz\"]\n        labels: {{ module: {n}, remote: {n} }}\n",
+        );
+    }
+    let blackbox_config = remotes.path("blackbox.yml");
+    std::fs::write(&blackbox_config, modules).map_err(|e| e.to_string())?;
+    let blackbox_addr = format!("127.0.0.1:{}", free_port()?);
+    let blackbox = Process::spawn(
+        "blackbox_exporter",
+        Command::new(blackbox_bin).args([
+            &format!("--config.file={}", blackbox_config.display()),
+            &format!("--web.listen-address={blackbox_addr}"),
+        ]),
+    )?;
+    let prom_config = remotes.path("prometheus.yml");
+    std::fs::write(
+        &prom_config,
+        format!(
+            "global: {{ scrape_interval: {interval}s, scrape_timeout: {timeout}s }}\nscrape_configs:\n  - job_name: blackbox\n    metrics_path: /probe\n    static_configs:\n{targets}    relabel_configs:\n      - {{ source_labels: [__address__], target_label: __param_target }}\n      - {{ source_labels: [module], target_label: __param_module }}\n      - {{ target_label: __address__, replacement: \"{blackbox_addr}\" }}\n",
+            timeout = interval / 2.0 + 1.0,
+        ),
+    )
+    .map_err(|e| e.to_string())?;
+    let prom_addr = format!("127.0.0.1:{}", free_port()?);
+    let prometheus = Process::spawn(
+        "prometheus",
+        Command::new(prometheus_bin).args([
+            &format!("--config.file={}", prom_config.display()),
+            &format!("--web.listen-address={prom_addr}"),
+            &format!("--storage.tsdb.path={}", remotes.path("tsdb").display()),
+        ]),
+    )?;
+    Ok((blackbox, prometheus, prom_addr))
+}
+
+/// An instant query: (labels, value) per series.
+fn prom_query(addr: &str, query: &str) -> Result<Vec<(Value, f64)>> {
+    let mut encoded = String::new();
+    for byte in query.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-_.~".contains(&byte) {
+            encoded.push(char::from(byte));
+        } else {
+            let _ = write!(encoded, "%{byte:02X}");
+        }
+    }
+    let Ok((200, body, _)) = http_get(addr, &format!("/api/v1/query?query={encoded}")) else {
+        return Ok(Vec::new());
+    };
+    let value: Value =
+        serde_json::from_str(&body).map_err(|e| format!("Prometheus answer: {e}"))?;
+    Ok(value["data"]["result"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| {
+            let v = r["value"][1].as_str()?.parse().ok()?;
+            Some((r["metric"].clone(), v))
+        })
+        .collect())
+}
+
+type Detections = Vec<(String, (Vec<f64>, Vec<f64>))>;
+
+/// Faults one remote at a time and times each side's verdict: tether's
+/// "remote apiserver unreachable" log line, and the timestamp of the
+/// `probe_success` 0 sample in Prometheus.
+fn side_by_side_detection(
+    remotes: &mut Remotes,
+    tether: &mut Process,
+    prom_addr: &str,
+    trials: usize,
+) -> Result<Detections> {
+    let mut results = Vec::new();
+    for fault in [Fault::Refuse, Fault::Hang] {
+        let (mut tether_s, mut blackbox_s) = (Vec::new(), Vec::new());
+        for trial in 0..trials {
+            let i = (trial * 7919 + usize::from(fault == Fault::Hang) * 13) % remotes.len();
+            let remote = name(i);
+            // A random phase against both sides' intervals.
+            std::thread::sleep(Duration::from_millis(fastrand_ms(10_000)));
+            let struck = now();
+            remotes.set_fault(i, &fault)?;
+            let (t, b) = poll(
+                &format!("{remote} {fault} seen by both"),
+                Duration::from_secs(120),
+                Duration::from_millis(100),
+                || {
+                    tether.alive()?;
+                    let t = tether
+                        .events("remote apiserver unreachable")
+                        .into_iter()
+                        .filter(|(at, f)| {
+                            *at >= struck
+                                && f["remotes"].as_str().is_some_and(|r| r.contains(&remote))
+                        })
+                        .map(|(at, _)| at)
+                        .next();
+                    let b = prom_query(
+                        prom_addr,
+                        &format!("timestamp(probe_success{{remote=\"{remote}\"}} == 0)"),
+                    )?
+                    .first()
+                    .map(|(_, at)| *at)
+                    .filter(|at| *at >= struck);
+                    Ok(t.zip(b))
+                },
+            )?;
+            eprintln!(
+                "{fault} on {remote}: tether {:.2}s, blackbox {:.2}s",
+                t - struck,
+                b - struck
+            );
+            tether_s.push(t - struck);
+            blackbox_s.push(b - struck);
+            remotes.set_fault(i, &Fault::Up)?;
+            poll(
+                &format!("{remote} back for both"),
+                Duration::from_secs(120),
+                Duration::from_millis(200),
+                || {
+                    let back = prom_query(
+                        prom_addr,
+                        &format!("probe_success{{remote=\"{remote}\"}} == 1"),
+                    )?;
+                    let reachable =
+                        tether
+                            .events("remote apiserver reachable")
+                            .iter()
+                            .any(|(at, f)| {
+                                *at >= struck
+                                    && f["remotes"].as_str().is_some_and(|r| r.contains(&remote))
+                            });
+                    Ok((!back.is_empty() && reachable).then_some(()))
+                },
+            )?;
+        }
+        results.push((fault.to_string(), (tether_s, blackbox_s)));
+    }
+    Ok(results)
+}
+
+fn fastrand_ms(max: u64) -> u64 {
+    // The sub-second clock is random enough for a phase.
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::from(d.subsec_nanos()));
+    nanos.wrapping_mul(6_364_136_223_846_793_005) % max
+}
+
+// ---------------------------------------------------------------------------
+// Detection and rebuild latency.
+
+/// Whether a "cycle ended" line's cause is of `kind`.
+fn cause_is(fields: &Value, kind: &str) -> bool {
+    fields["cause"]
+        .as_str()
+        .is_some_and(|c| c.starts_with(kind))
+}
+
+/// Parses a `Duration`'s `Debug` form (`1.5s`, `850.2ms`, `12µs`).
+fn parse_debug_duration(text: &str) -> Option<f64> {
+    for (unit, scale) in [("ns", 1e-9), ("µs", 1e-6), ("ms", 1e-3), ("s", 1.0)] {
+        if let Some(number) = text.strip_suffix(unit) {
+            return number.parse::<f64>().ok().map(|n| n * scale);
+        }
+    }
+    None
+}
+
+#[allow(clippy::too_many_lines)]
+fn detection(trials: usize) -> Result<Value> {
+    let (interval, threshold, deadline) = (1.0, 3.0, 0.5);
+    let ideal = (threshold - 1.0) * interval + deadline;
+    let mut remotes = Remotes::start(3)?;
+    // Two resources on each of three remotes.
+    let admin = format!("127.0.0.1:{}", free_port()?);
+    let config = tether_config(
+        &remotes,
+        &admin,
+        "{ interval: 1s, timeout: 500ms, failureThreshold: 3, jitter: 0.1 }",
+        "{ backoff: { initial: 200ms, max: 200ms, jitter: 0.0 }, stableAfter: 1s }",
+        "[{ apiVersion: v1, kind: Namespace }, { apiVersion: v1, kind: ConfigMap }]",
+    )?;
+    let mut tether = start_tether(&config)?;
+    until_all_reachable(&mut tether, &admin, 3)?;
+
+    let mut report = json!({ "interval_seconds": interval, "failure_threshold": threshold, "timeout_seconds": deadline, "ideal_seconds": ideal });
+    let mut rows = vec![(
+        "ideal (threshold−1)·interval + deadline".to_owned(),
+        format!("{ideal:.2}s"),
+    )];
+    let mut rebuilds = Vec::new();
+    for fault in [Fault::Refuse, Fault::Hang] {
+        let mut ratios = Vec::new();
+        for trial in 0..trials {
+            let i = trial % 3;
+            // A random phase against the probe interval.
+            std::thread::sleep(Duration::from_millis(1000 + fastrand_ms(1000)));
+            let struck = now();
+            remotes.set_fault(i, &fault)?;
+            let cancelled = poll(
+                "the remote_lost cycle end",
+                Duration::from_secs(30),
+                Duration::from_millis(20),
+                || {
+                    tether.alive()?;
+                    Ok(tether
+                        .events("cycle ended")
+                        .into_iter()
+                        .find(|(at, f)| *at >= struck && cause_is(f, "remote_lost"))
+                        .map(|(at, _)| at))
+                },
+            )?;
+            let ratio = (cancelled - struck) / ideal;
+            ratios.push(ratio);
+            remotes.set_fault(i, &Fault::Up)?;
+            // The way back: the recovery ends the cycle at once; the rebuild
+            // is from there to the manager up, minus the backoff, with the
+            // old manager's teardown included.
+            let remote = format!("{:?}", [name(i)]);
+            let recovered = poll(
+                "the recovery",
+                Duration::from_secs(30),
+                Duration::from_millis(20),
+                || {
+                    Ok(tether
+                        .events("remote apiserver reachable")
+                        .into_iter()
+                        .find(|(at, f)| *at > cancelled && f["remotes"] == remote.as_str())
+                        .map(|(at, _)| at))
+                },
+            )?;
+            let backoff = poll(
+                "the remote_recovered cycle end",
+                Duration::from_secs(30),
+                Duration::from_millis(20),
+                || {
+                    Ok(tether
+                        .events("cycle ended")
+                        .into_iter()
+                        .find(|(at, f)| *at >= recovered && cause_is(f, "remote_recovered"))
+                        .and_then(|(_, f)| parse_debug_duration(f["next_backoff"].as_str()?)))
+                },
+            )?;
+            let up = poll(
+                "the manager up again",
+                Duration::from_secs(30),
+                Duration::from_millis(20),
+                || {
+                    Ok(tether
+                        .events("manager up: every required cache synced")
+                        .into_iter()
+                        .find(|(at, _)| *at > recovered)
+                        .map(|(at, _)| at))
+                },
+            )?;
+            let rebuild_ms = (up - recovered - backoff) * 1000.0;
+            rebuilds.push(rebuild_ms);
+            eprintln!(
+                "{fault} trial {}: cancel after {:.3}s (ratio {ratio:.3}); rebuild {rebuild_ms:.1} ms past the backoff",
+                trial + 1,
+                cancelled - struck
+            );
+        }
+        let mut sorted = ratios.clone();
+        let med = median(&mut sorted);
+        rows.push((
+            format!("{fault}: median ratio to ideal ({trials} trials)"),
+            format!(
+                "{med:.3} (min {:.3}, max {:.3})",
+                sorted[0],
+                sorted[sorted.len() - 1]
+            ),
+        ));
+        report[fault.to_string()] = json!({ "ratios": ratios, "median_ratio": med });
+    }
+    let mut sorted = rebuilds.clone();
+    let med = median(&mut sorted);
+    rows.push((
+        "rebuild: cancel to manager up − backoff (3 remotes × 2 resources)".to_owned(),
+        format!("median {med:.1} ms, max {:.1} ms", sorted[sorted.len() - 1]),
+    ));
+    report["rebuild_ms"] =
+        json!({ "samples": rebuilds, "median": med, "max": sorted[sorted.len() - 1] });
+    print_table(&rows);
+    Ok(report)
+}
