@@ -8,6 +8,8 @@ Checks, each failing with what it found:
     the OCI labels;
   - the filesystem: no shell or package manager anywhere;
   - the size, reported against the 30 MB target;
+  - the chart deploys it by default: values.yaml's image.repository and
+    Chart.yaml's appVersion (the default tag) name this image;
   - the binary runs from the image's own filesystem, through the image's own
     dynamic loader and libraries (running containers is not permitted
     here): `--version` prints the image's version, and `validate` accepts a
@@ -17,6 +19,7 @@ Containers and mounts it makes are removed on the way out.
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -56,6 +59,17 @@ def check_config(tag, version):
         if labels.get(label) != value:
             fail(f"label {label} is {labels.get(label)!r}, want {value!r}")
     print(f"config: user {config['User']}, entrypoint {config['Entrypoint']}, cmd {config['Cmd']}")
+
+
+def check_chart(tag):
+    repository, version = tag.rsplit(":", 1)
+    with open("helm/tether/Chart.yaml") as f:
+        app_version = re.search(r'^appVersion:\s*"?([^"\s]+)"?', f.read(), re.M).group(1)
+    with open("helm/tether/values.yaml") as f:
+        chart_repository = re.search(r"^image:\n(?:\s+#.*\n)*\s+repository:\s*(\S+)", f.read(), re.M).group(1)
+    if (chart_repository, app_version) != (repository, version):
+        fail(f"the chart deploys {chart_repository}:{app_version} by default, not {tag}")
+    print(f"chart: deploys {tag} by default")
 
 
 def check_files(root):
@@ -110,6 +124,7 @@ def main():
     tag = sys.argv[1]
     version = tag.rsplit(":", 1)[1]
     check_config(tag, version)
+    check_chart(tag)
     container = run(*BUILDAH, "from", "--pull-never", tag).strip()
     try:
         root = run(*BUILDAH, "mount", container).strip()
