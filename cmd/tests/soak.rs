@@ -90,8 +90,10 @@ async fn forced_rebuilds_leak_no_tasks_descriptors_memory_or_watches() {
         while status.status().ended.values().sum::<u64>() == ended {
             assert!(
                 Instant::now() < deadline,
-                "no cycle ended after switching the remote {}",
-                if down { "off" } else { "on" }
+                "no cycle ended after switching the remote {}: {:?}; {:?}",
+                if down { "off" } else { "on" },
+                status.status(),
+                stack._probes.handle().status(),
             );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }

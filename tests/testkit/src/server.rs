@@ -10,7 +10,8 @@
 //! - A killed connection is reset (`SO_LINGER` 0), not closed politely: a
 //!   deleted cluster does not say goodbye.
 //! - While the fault is `refuse`, no listener exists, so the kernel refuses
-//!   connections. Leaving `refuse` binds the same port again.
+//!   connections; one accepted while the listener closes is reset. Leaving
+//!   `refuse` binds the same port again.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -594,7 +595,9 @@ async fn serve_connection(
         let _ = socket.set_linger(Some(Duration::ZERO));
     };
     match fault {
-        Fault::Reset => return reset(),
+        // Accepted while the listener was being closed for `refuse`: a
+        // refused server has no listener, so it never serves this.
+        Fault::Reset | Fault::Refuse => return reset(),
         Fault::Hang => {
             kill.cancelled().await;
             return reset();
