@@ -895,7 +895,7 @@ fn side_by_side_detection(
             let i = (trial * 7919 + usize::from(fault == Fault::Hang) * 13) % remotes.len();
             let remote = name(i);
             // A random phase against both sides' intervals.
-            std::thread::sleep(Duration::from_millis(fastrand_ms(10_000)));
+            std::thread::sleep(Duration::from_millis(fastrand::u64(..10_000)));
             let struck = now();
             remotes.set_fault(i, &fault)?;
             let (t, b) = poll(
@@ -957,14 +957,6 @@ fn side_by_side_detection(
     Ok(results)
 }
 
-fn fastrand_ms(max: u64) -> u64 {
-    // The sub-second clock is random enough for a phase.
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::from(d.subsec_nanos()));
-    nanos.wrapping_mul(6_364_136_223_846_793_005) % max
-}
-
 // ---------------------------------------------------------------------------
 // Detection and rebuild latency.
 
@@ -1013,7 +1005,7 @@ fn detection(trials: usize) -> Result<Value> {
         for trial in 0..trials {
             let i = trial % 3;
             // A random phase against the probe interval.
-            std::thread::sleep(Duration::from_millis(1000 + fastrand_ms(1000)));
+            std::thread::sleep(Duration::from_millis(1000 + fastrand::u64(..1000)));
             let struck = now();
             remotes.set_fault(i, &fault)?;
             let cancelled = poll(
