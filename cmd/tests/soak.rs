@@ -93,7 +93,7 @@ async fn forced_rebuilds_leak_no_tasks_descriptors_memory_or_watches() {
                 "no cycle ended after switching the remote {}: {:?}; {:?}",
                 if down { "off" } else { "on" },
                 status.status(),
-                stack._probes.handle().status(),
+                stack.probes.handle().status(),
             );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }

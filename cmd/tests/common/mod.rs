@@ -241,7 +241,7 @@ pub(crate) struct InProcess {
     pub(crate) root: tokio_util::sync::CancellationToken,
     pub(crate) run: tokio::task::JoinHandle<tether_supervisor::ShutdownOutcome>,
     /// Probing stops when this is dropped.
-    pub(crate) _probes: tether_probes::ProbeSet,
+    pub(crate) probes: tether_probes::ProbeSet,
 }
 
 async fn config_of(server: &ApiServer) -> kube::Config {
@@ -302,6 +302,6 @@ pub(crate) async fn start_in_process(
         manager: manager_handle,
         root,
         run,
-        _probes: probes,
+        probes,
     }
 }
