@@ -497,23 +497,10 @@ impl tether_supervisor::ManagerFactory for Panicking {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_manager_that_panics_every_cycle_backs_off_to_the_cap_and_never_stops() {
-    use tether_supervisor::{BackoffConfig, Supervisor, SupervisorConfig};
-
     let registry = prometheus::Registry::new();
     let max = Duration::from_millis(160);
-    let backoff = BackoffConfig::default()
-        .with_initial(Duration::from_millis(10))
-        .with_max(max)
-        .with_jitter(0.0);
-    let supervisor = Supervisor::new(
-        Panicking,
-        SupervisorConfig::default().with_backoff(backoff),
-        &registry,
-    )
-    .expect("supervisor");
-    let status = supervisor.handle();
-    let root = tokio_util::sync::CancellationToken::new();
-    let run = tokio::spawn(supervisor.run(root.clone()));
+    let (status, root, run) =
+        common::spawn_supervisor(Panicking, Duration::from_millis(10), max, &registry);
 
     // 10, 20, 40, 80 ms, then the cap: by cycle 12 it has held for a while.
     let panicked = |status: &tether_supervisor::SupervisorHandle| {

@@ -257,7 +257,6 @@ pub(crate) async fn start_in_process(
     probe: tether_probes::ProbeConfig,
 ) -> InProcess {
     use tether::manager::{ManagedRemote, WatchManager};
-    use tether_supervisor::{BackoffConfig, Supervisor, SupervisorConfig};
 
     let registry = prometheus::Registry::new();
     let probes = tether_probes::ProbeSet::new(probe, &registry).expect("probes");
@@ -284,19 +283,12 @@ pub(crate) async fn start_in_process(
     let manager =
         WatchManager::new(&registry, probes.handle(), plan, watch, true).expect("manager");
     let manager_handle = manager.handle();
-    let backoff = BackoffConfig::default()
-        .with_initial(Duration::from_millis(1))
-        .with_max(Duration::from_millis(1))
-        .with_jitter(0.0);
-    let supervisor = Supervisor::new(
+    let (status, root, run) = spawn_supervisor(
         manager,
-        SupervisorConfig::default().with_backoff(backoff),
+        Duration::from_millis(1),
+        Duration::from_millis(1),
         &registry,
-    )
-    .expect("supervisor");
-    let status = supervisor.handle();
-    let root = tokio_util::sync::CancellationToken::new();
-    let run = tokio::spawn(supervisor.run(root.clone()));
+    );
     InProcess {
         status,
         manager: manager_handle,
@@ -304,4 +296,34 @@ pub(crate) async fn start_in_process(
         run,
         probes,
     }
+}
+
+/// Runs a supervisor over `factory` with an unjittered backoff from
+/// `initial` to `max`: its handle, its root token, and its task.
+pub(crate) fn spawn_supervisor<F: tether_supervisor::ManagerFactory + 'static>(
+    factory: F,
+    initial: Duration,
+    max: Duration,
+    registry: &prometheus::Registry,
+) -> (
+    tether_supervisor::SupervisorHandle,
+    tokio_util::sync::CancellationToken,
+    tokio::task::JoinHandle<tether_supervisor::ShutdownOutcome>,
+) {
+    use tether_supervisor::{BackoffConfig, Supervisor, SupervisorConfig};
+
+    let backoff = BackoffConfig::default()
+        .with_initial(initial)
+        .with_max(max)
+        .with_jitter(0.0);
+    let supervisor = Supervisor::new(
+        factory,
+        SupervisorConfig::default().with_backoff(backoff),
+        registry,
+    )
+    .expect("supervisor");
+    let status = supervisor.handle();
+    let root = tokio_util::sync::CancellationToken::new();
+    let run = tokio::spawn(supervisor.run(root.clone()));
+    (status, root, run)
 }

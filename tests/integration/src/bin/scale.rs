@@ -288,6 +288,27 @@ impl Process {
         }
     }
 
+    /// Waits up to 30 s for the first `message` log line that `matches`
+    /// (its unix time and fields).
+    fn wait_event(
+        &mut self,
+        message: &str,
+        matches: impl Fn(f64, &Value) -> bool,
+    ) -> Result<(f64, Value)> {
+        poll(
+            message,
+            Duration::from_secs(30),
+            Duration::from_millis(20),
+            || {
+                self.alive()?;
+                Ok(self
+                    .events(message)
+                    .into_iter()
+                    .find(|(at, fields)| matches(*at, fields)))
+            },
+        )
+    }
+
     fn tail(&self, n: usize) -> String {
         let lines = self.lines.lock().expect("lines");
         lines[lines.len().saturating_sub(n)..].join("\n")
@@ -1008,19 +1029,9 @@ fn detection(trials: usize) -> Result<Value> {
             std::thread::sleep(Duration::from_millis(1000 + fastrand::u64(..1000)));
             let struck = now();
             remotes.set_fault(i, &fault)?;
-            let cancelled = poll(
-                "the remote_lost cycle end",
-                Duration::from_secs(30),
-                Duration::from_millis(20),
-                || {
-                    tether.alive()?;
-                    Ok(tether
-                        .events("cycle ended")
-                        .into_iter()
-                        .find(|(at, f)| *at >= struck && cause_is(f, "remote_lost"))
-                        .map(|(at, _)| at))
-                },
-            )?;
+            let (cancelled, _) = tether.wait_event("cycle ended", |at, f| {
+                at >= struck && cause_is(f, "remote_lost")
+            })?;
             let ratio = (cancelled - struck) / ideal;
             ratios.push(ratio);
             remotes.set_fault(i, &Fault::Up)?;
@@ -1028,42 +1039,20 @@ fn detection(trials: usize) -> Result<Value> {
             // is from there to the manager up, minus the backoff, with the
             // old manager's teardown included.
             let remote = format!("{:?}", [name(i)]);
-            let recovered = poll(
-                "the recovery",
-                Duration::from_secs(30),
-                Duration::from_millis(20),
-                || {
-                    Ok(tether
-                        .events("remote apiserver reachable")
-                        .into_iter()
-                        .find(|(at, f)| *at > cancelled && f["remotes"] == remote.as_str())
-                        .map(|(at, _)| at))
-                },
-            )?;
-            let backoff = poll(
-                "the remote_recovered cycle end",
-                Duration::from_secs(30),
-                Duration::from_millis(20),
-                || {
-                    Ok(tether
-                        .events("cycle ended")
-                        .into_iter()
-                        .find(|(at, f)| *at >= recovered && cause_is(f, "remote_recovered"))
-                        .and_then(|(_, f)| parse_debug_duration(f["next_backoff"].as_str()?)))
-                },
-            )?;
-            let up = poll(
-                "the manager up again",
-                Duration::from_secs(30),
-                Duration::from_millis(20),
-                || {
-                    Ok(tether
-                        .events("manager up: every required cache synced")
-                        .into_iter()
-                        .find(|(at, _)| *at > recovered)
-                        .map(|(at, _)| at))
-                },
-            )?;
+            let (recovered, _) = tether.wait_event("remote apiserver reachable", |at, f| {
+                at > cancelled && f["remotes"] == remote.as_str()
+            })?;
+            let (_, ended) = tether.wait_event("cycle ended", |at, f| {
+                at >= recovered && cause_is(f, "remote_recovered")
+            })?;
+            let backoff = ended["next_backoff"]
+                .as_str()
+                .and_then(parse_debug_duration)
+                .ok_or_else(|| format!("no next_backoff in {ended}"))?;
+            let (up, _) = tether
+                .wait_event("manager up: every required cache synced", |at, _| {
+                    at > recovered
+                })?;
             let rebuild_ms = (up - recovered - backoff) * 1000.0;
             rebuilds.push(rebuild_ms);
             eprintln!(
