@@ -34,15 +34,7 @@ struct Sample {
 }
 
 fn sample(cycle: u64) -> Sample {
-    let rss_kib = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.split_whitespace().next())
-                .and_then(|v| v.parse().ok())
-        })
-        .expect("VmRSS");
+    let rss_kib = tether_testkit::procfs::status_kib(None, "VmRSS").expect("VmRSS");
     Sample {
         cycle,
         tasks: tokio::runtime::Handle::current()

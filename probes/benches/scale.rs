@@ -13,31 +13,18 @@ use std::time::{Duration, Instant};
 
 use prometheus::Registry;
 use tether_probes::{ProbeConfig, ProbeSet, Reachability, Remote};
-use tether_testkit::{ApiServer, Fault, Options};
+use tether_testkit::{ApiServer, Fault, Options, procfs};
 
 const REMOTES: usize = 1_000;
 const MEASURE: Duration = Duration::from_secs(30);
 
-fn proc_status(field: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix(field))
-                .and_then(|v| v.split_whitespace().next())
-                .and_then(|v| v.parse().ok())
-        })
-        .expect("/proc/self/status has the field")
+fn rss_kib() -> u64 {
+    procfs::status_kib(None, "VmRSS").expect("/proc/self/status has VmRSS")
 }
 
 /// User plus system CPU time of this process.
 fn cpu_time() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
-    let fields: Vec<&str> = stat.rsplit_once(") ").expect("comm").1.split(' ').collect();
-    // utime and stime are fields 14 and 15, in clock ticks (100 per second).
-    let ticks: u64 =
-        fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
-    Duration::from_millis(ticks * 10)
+    procfs::cpu_time(None).expect("/proc/self/stat")
 }
 
 fn config_for(url: &str) -> kube::Config {
@@ -178,7 +165,7 @@ async fn scale(interval: Duration) {
         configs.push(config_from(path).await);
     }
 
-    let rss_before = proc_status("VmRSS:");
+    let rss_before = rss_kib();
     let registry = Registry::new();
     let config = ProbeConfig::default()
         .with_interval(interval)
@@ -218,7 +205,7 @@ async fn scale(interval: Duration) {
         wall0.elapsed(),
         probes_done() - done0,
     );
-    let rss = proc_status("VmRSS:");
+    let rss = rss_kib();
     println!(
         "{REMOTES} remotes at a {}s interval: {:.1}% of one core, RSS {} MiB ({:.0} KiB per remote over the {} MiB baseline), {:.0} µs CPU per probe ({done} probes in {:.0}s)",
         interval.as_secs(),

@@ -19,15 +19,7 @@ const READYZ_SECONDS: u64 = 5;
 const IDLE_SERVERS: usize = 1_000;
 
 fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.split_whitespace().next())
-                .and_then(|v| v.parse().ok())
-        })
-        .expect("/proc/self/status has VmRSS")
+    tether_testkit::procfs::status_kib(None, "VmRSS").expect("/proc/self/status has VmRSS")
 }
 
 /// Opens a watch and reads its response head, so it is established.

@@ -41,6 +41,7 @@ mod control;
 mod fault;
 mod kubeconfig;
 mod netns;
+pub mod procfs;
 mod resource;
 mod selector;
 mod server;

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::Parser;
 use serde_json::{Value, json};
-use tether_testkit::{ApiServer, Fault, Options};
+use tether_testkit::{ApiServer, Fault, Options, procfs};
 
 /// Whole-process figures of tether, optionally beside `blackbox_exporter` and
 /// Prometheus probing the same remotes.
@@ -247,33 +247,12 @@ impl Process {
 
     /// User plus system CPU seconds so far.
     fn cpu(&self) -> f64 {
-        let stat =
-            std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap_or_default();
-        let fields: Vec<&str> = stat
-            .rsplit_once(") ")
-            .map(|(_, rest)| rest.split(' ').collect())
-            .unwrap_or_default();
-        let ticks = |i: usize| {
-            fields
-                .get(i)
-                .and_then(|f| f.parse::<u64>().ok())
-                .unwrap_or(0)
-        };
-        #[allow(clippy::cast_precision_loss)]
-        let seconds = (ticks(11) + ticks(12)) as f64 / 100.0;
-        seconds
+        procfs::cpu_time(Some(self.pid())).map_or(0.0, |t| t.as_secs_f64())
     }
 
     /// A `/proc/<pid>/status` field in KiB (`VmRSS`, `VmHWM`).
     fn kib(&self, field: &str) -> u64 {
-        std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-                    .and_then(|v| v.split_whitespace().next()?.parse().ok())
-            })
-            .unwrap_or(0)
+        procfs::status_kib(Some(self.pid()), field).unwrap_or(0)
     }
 
     fn alive(&mut self) -> Result<()> {
