@@ -95,13 +95,18 @@ fn file() -> impl Strategy<Value = String> {
         .prop_map(|(a, p, s, r, w, noise)| [a, p, s, r, w, noise].join("\n"))
 }
 
+/// A runner that draws values; nothing is persisted between runs.
+fn runner() -> TestRunner {
+    TestRunner::new(RunnerConfig {
+        failure_persistence: None,
+        ..RunnerConfig::default()
+    })
+}
+
 #[test]
 fn random_configs_never_panic_and_every_rejection_names_a_field() {
     let deadline = Instant::now() + budget();
-    let mut runner = TestRunner::new(RunnerConfig {
-        failure_persistence: None,
-        ..RunnerConfig::default()
-    });
+    let mut runner = runner();
     let strategy = file();
     let (mut executions, mut accepted) = (0u64, 0u64);
     while Instant::now() < deadline {
@@ -133,10 +138,7 @@ fn random_configs_never_panic_and_every_rejection_names_a_field() {
 #[test]
 fn random_server_urls_never_panic_identity() {
     let deadline = Instant::now() + budget();
-    let mut runner = TestRunner::new(RunnerConfig {
-        failure_persistence: None,
-        ..RunnerConfig::default()
-    });
+    let mut runner = runner();
     let strategy = "(https?|HTTPS?|ftp|)(://)?([a-zA-Z0-9_-]{0,8}(:[a-z0-9]{0,6})?@)?[a-zA-Z0-9.\\[\\]:-]{0,24}(:[0-9]{0,6})?(/[a-z/]{0,10})?";
     let mut executions = 0u64;
     while Instant::now() < deadline {

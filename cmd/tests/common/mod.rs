@@ -197,6 +197,25 @@ impl Tether {
         }
     }
 
+    /// Waits until `remote` has failed `failures` probes in a row, then
+    /// asserts that one `remote_lost` cycle is all the loss cost: no rebuild
+    /// while it stays down.
+    pub(crate) async fn still_lost_once(&self, remote: &str, failures: u32, why: &str) {
+        let want = f64::from(failures);
+        self.until_metric(
+            &format!("tether_remote_probe_consecutive_failures{{remote=\"{remote}\"}}"),
+            &format!(">= {failures}"),
+            |v| v >= want,
+        )
+        .await;
+        assert_eq!(
+            self.metric("tether_cycles_total{cause=\"remote_lost\"}")
+                .await,
+            Some(1.0),
+            "{why}"
+        );
+    }
+
     pub(crate) async fn until_ready(&self, ready: bool) {
         let started = Instant::now();
         let want = if ready { 200 } else { 503 };
