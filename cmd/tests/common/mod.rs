@@ -22,6 +22,23 @@ pub(crate) fn free_port() -> u16 {
         .port()
 }
 
+/// Polls `count` for up to five seconds until it reads `limit` or less.
+/// What an ended cycle leaves behind must end, but its tasks and sockets may
+/// take a moment to go; a leak never comes down. `Err` holds the last reading.
+pub(crate) async fn comes_down_to(limit: usize, count: impl Fn() -> usize) -> Result<(), usize> {
+    let started = Instant::now();
+    loop {
+        let now = count();
+        if now <= limit {
+            return Ok(());
+        }
+        if started.elapsed() > Duration::from_secs(5) {
+            return Err(now);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// `GET path` over HTTP/1.0: the status and the body, or `None` if nothing
 /// answered within two seconds.
 pub(crate) async fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
