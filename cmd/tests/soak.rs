@@ -1,8 +1,8 @@
 //! Soak: forced rebuild cycles, `remote_lost` and `remote_recovered`
 //! alternating through real probe transitions (interval 100ms), with live
 //! tokio tasks, open file descriptors and RSS sampled along the way. They
-//! must come back to the baseline within 5%, and no watch of an old cycle may
-//! stay open on the simulated servers.
+//! must come back to the baseline within 5%, and no watch or connection of
+//! an old cycle may stay open on the simulated servers.
 //!
 //! `SOAK_CYCLES` sets the count (default 100, as in scripts/test); the full
 //! 1,000 is a benchmark: `SOAK_CYCLES=1000 cargo test --release -p tether
@@ -146,6 +146,16 @@ async fn forced_rebuilds_leak_no_tasks_descriptors_memory_or_watches() {
     }
     if let Err(now) = comes_down_to(five_percent_over(base_fds), open_fds).await {
         panic!("descriptors grew from at most {base_fds} in the first half to {now}: {samples:?}");
+    }
+    // Each server ends with two connections: the probe's and the watch's.
+    for server in [&flaky, &steady] {
+        if let Err(now) = comes_down_to(2, || server.stats().open_connections).await {
+            panic!(
+                "{now} connections still open on {}: an old cycle's client lives on; {:?}",
+                server.url(),
+                server.stats()
+            );
+        }
     }
     let base_rss = early.iter().map(|s| s.rss_kib).max().expect("samples");
     let last = samples.last().expect("samples");
