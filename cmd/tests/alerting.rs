@@ -14,7 +14,7 @@ use std::time::Duration;
 use serde_json::Value;
 mod common;
 
-use common::{free_port, http_get};
+use common::{free_port, http_get, write_kubeconfig};
 use tether_testkit::{ApiServer, Fault, Options};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpListener;
@@ -235,8 +235,7 @@ async fn an_unreachable_remote_pages_through_prometheus_and_alertmanager() {
         "admin: {{address: \"{admin}\"}}\nprobe: {{interval: 1s, timeout: 500ms, failureThreshold: 3}}\nremotes:\n"
     );
     for (name, server) in [("a", &a), ("b", &b), ("c", &c)] {
-        let path = work.join(format!("{name}.kubeconfig"));
-        server.kubeconfig().write(&path).expect("kubeconfig");
+        let path = write_kubeconfig(&work, name, server);
         let _ = writeln!(
             config,
             "- {{name: {name}, kubeconfig: {}, required: false}}",

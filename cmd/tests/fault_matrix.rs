@@ -300,12 +300,7 @@ async fn a_new_ca_is_lost_as_tls_and_back_after_the_kubeconfig_is_updated() {
     // The cluster was recreated: a new CA and token. The operator updates
     // the kubeconfig and tether reloads.
     b.restart(Restart::Recreated).await.expect("recreate");
-    let kubeconfig = tether
-        .config
-        .parent()
-        .expect("a folder")
-        .join("b.kubeconfig");
-    b.kubeconfig().write(&kubeconfig).expect("kubeconfig");
+    tether.write_kubeconfig("b", &b);
     tether.signal("HUP");
     let reloaded = Instant::now();
     within(
@@ -427,12 +422,7 @@ async fn a_reload_during_a_build_is_applied_exactly_once() {
     assert_eq!(tether.metric("tether_manager_up").await, Some(0.0));
 
     let d = remote("d", false).await;
-    let kubeconfig = tether
-        .config
-        .parent()
-        .expect("a folder")
-        .join("d.kubeconfig");
-    d.kubeconfig().write(&kubeconfig).expect("kubeconfig");
+    let kubeconfig = tether.write_kubeconfig("d", &d);
     add_remote(&tether, "d", &kubeconfig);
     tether
         .until_metric(&reachable(&d, "d"), "1", |v| v == 1.0)

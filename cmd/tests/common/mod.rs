@@ -89,6 +89,18 @@ pub(crate) async fn remote(name: &str, tls: bool) -> ApiServer {
     server
 }
 
+/// Writes `server`'s kubeconfig as `<dir>/<name>.kubeconfig`, and returns
+/// its path.
+pub(crate) fn write_kubeconfig(
+    dir: &std::path::Path,
+    name: &str,
+    server: &ApiServer,
+) -> std::path::PathBuf {
+    let path = dir.join(format!("{name}.kubeconfig"));
+    server.kubeconfig().write(&path).expect("kubeconfig");
+    path
+}
+
 pub(crate) fn config_yaml(
     dir: &std::path::Path,
     admin: &str,
@@ -113,14 +125,18 @@ pub(crate) fn config_yaml_with(
          remotes:\n"
     );
     for (name, server) in remotes {
-        let path = dir.join(format!("{name}.kubeconfig"));
-        server.kubeconfig().write(&path).expect("kubeconfig");
+        let path = write_kubeconfig(dir, name, server);
         let _ = writeln!(yaml, "- {{name: {name}, kubeconfig: {}}}", path.display());
     }
     yaml
 }
 
 impl Tether {
+    /// Writes `server`'s kubeconfig next to this tether's config file.
+    pub(crate) fn write_kubeconfig(&self, name: &str, server: &ApiServer) -> std::path::PathBuf {
+        write_kubeconfig(self.config.parent().expect("a folder"), name, server)
+    }
+
     pub(crate) fn run(remotes: &[(&str, &ApiServer)]) -> Self {
         Self::run_with(remotes, &[])
     }
