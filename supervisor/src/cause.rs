@@ -15,6 +15,9 @@ pub enum CauseKind {
     RemoteRecovered,
     /// New configuration was applied.
     ConfigChanged,
+    /// The source of remote signals fell behind and dropped some, any of
+    /// which may have been a loss.
+    TransitionsMissed,
     /// The manager returned `Ok` although nobody cancelled it.
     ManagerExited,
     /// The manager returned an error.
@@ -29,10 +32,11 @@ pub enum CauseKind {
 
 impl CauseKind {
     /// Every kind, in declaration order, so metrics can be pre-initialised.
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 9] = [
         Self::RemoteLost,
         Self::RemoteRecovered,
         Self::ConfigChanged,
+        Self::TransitionsMissed,
         Self::ManagerExited,
         Self::ManagerFailed,
         Self::ManagerPanicked,
@@ -47,6 +51,7 @@ impl CauseKind {
             Self::RemoteLost => "remote_lost",
             Self::RemoteRecovered => "remote_recovered",
             Self::ConfigChanged => "config_changed",
+            Self::TransitionsMissed => "transitions_missed",
             Self::ManagerExited => "manager_exited",
             Self::ManagerFailed => "manager_failed",
             Self::ManagerPanicked => "manager_panicked",
@@ -80,6 +85,12 @@ pub enum Cause {
     },
     /// New configuration was applied.
     ConfigChanged,
+    /// The source of remote signals fell behind and dropped some, any of
+    /// which may have been a loss.
+    TransitionsMissed {
+        /// How many signals were dropped.
+        count: u64,
+    },
     /// The manager returned `Ok` although nobody cancelled it.
     ManagerExited,
     /// The manager returned an error.
@@ -125,6 +136,7 @@ impl Cause {
             Self::RemoteLost { .. } => CauseKind::RemoteLost,
             Self::RemoteRecovered { .. } => CauseKind::RemoteRecovered,
             Self::ConfigChanged => CauseKind::ConfigChanged,
+            Self::TransitionsMissed { .. } => CauseKind::TransitionsMissed,
             Self::ManagerExited => CauseKind::ManagerExited,
             Self::ManagerFailed { .. } => CauseKind::ManagerFailed,
             Self::ManagerPanicked { .. } => CauseKind::ManagerPanicked,
@@ -145,6 +157,7 @@ impl fmt::Display for Cause {
                 write!(f, "{kind}: {error}")
             }
             Self::ManagerPanicked { message } => write!(f, "{kind}: {message}"),
+            Self::TransitionsMissed { count } => write!(f, "{kind} ({count} dropped)"),
             Self::ConfigChanged | Self::ManagerExited | Self::Shutdown => kind.fmt(f),
         }
     }

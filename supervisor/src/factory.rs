@@ -3,7 +3,7 @@
 use std::error::Error as StdError;
 use std::fmt::Write as _;
 
-use crate::CycleToken;
+use crate::{CycleToken, UsedRemotes};
 
 /// A boxed error from a manager, as any library would return it.
 pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
@@ -59,8 +59,13 @@ pub(crate) fn error_chain(error: &(dyn StdError + 'static)) -> String {
 /// It reports that it is up (its required caches have synced) with
 /// [`CycleToken::set_manager_up`].
 ///
-/// A manager that ends a cycle by itself (for example on a remote it has
-/// noticed is lost) calls [`CycleToken::cancel`] with a cause and returns.
+/// A manager writes no code to end its cycle when a remote is lost or comes
+/// back, or when the configuration changes: the supervisor takes those as
+/// its inputs ([`Supervisor::end_cycles_on`](crate::Supervisor::end_cycles_on),
+/// [`SupervisorHandle::end_cycle`](crate::SupervisorHandle::end_cycle)) and
+/// cancels the cycle. A manager declares which remotes it uses with
+/// [`remotes`](Self::remotes); a manager that ends a cycle for a reason of
+/// its own calls [`CycleToken::cancel`] with a cause and returns.
 ///
 /// ```no_run
 /// use tether_supervisor::{CycleToken, ManagerError, ManagerFactory};
@@ -76,6 +81,15 @@ pub(crate) fn error_chain(error: &(dyn StdError + 'static)) -> String {
 /// }
 /// ```
 pub trait ManagerFactory: Send + Sync {
+    /// The remotes the next cycle uses, and what losing each one costs.
+    ///
+    /// Called once at the start of every cycle, just before
+    /// [`run`](Self::run), so it sees the same configuration. The default,
+    /// [`UsedRemotes::All`], ends the cycle on the loss of any remote.
+    fn remotes(&self) -> UsedRemotes {
+        UsedRemotes::All
+    }
+
     /// Builds the manager for `cycle` and runs it until it ends.
     ///
     /// Returning `Ok` without the cycle having been cancelled counts as

@@ -2,9 +2,12 @@
 //! cancellable child token, record why each cycle ended, and rebuild with
 //! backoff.
 //!
-//! This crate knows nothing about Kubernetes. It drives a [`ManagerFactory`];
-//! whatever decides that a cycle must end (a lost remote, new configuration)
-//! calls [`CycleToken::cancel`] with a [`Cause`].
+//! This crate knows nothing about Kubernetes. It drives a [`ManagerFactory`],
+//! and takes what ends a cycle as its inputs, as `kube-runtime`'s
+//! `Controller::reconcile_all_on` takes its triggers: a stream of
+//! [`RemoteSignal`]s ([`Supervisor::end_cycles_on`]) and
+//! [`SupervisorHandle::end_cycle`] (new configuration). No manager has to
+//! wire them up itself.
 //!
 //! # Invariants of the loop
 //!
@@ -16,6 +19,15 @@
 //!   A manager that returns `Ok` uncancelled ends its cycle as
 //!   `manager_exited`, an error as `manager_failed` or `build_failed`, and a
 //!   panic as `manager_panicked`. A panic never ends the loop.
+//! - A remote signal counts for the cycle that runs when the loop takes it;
+//!   signals between cycles are dropped, so a remote already down when a
+//!   cycle starts does not end it again. Dropped signals (a source that fell
+//!   behind) end the cycle as `transitions_missed`: a loss may be among them.
+//! - Each remote a cycle uses has a scope ([`RemoteScope`]). The loss of a
+//!   remote that [restarts alone](UsedRemote::restarts_alone) stops only its
+//!   scope, counted in `tether_remote_restarts_total`; it runs again in the
+//!   same cycle when the remote recovers. Any other used remote's loss ends
+//!   the cycle.
 //! - At most one manager runs at a time, and none runs after [`Supervisor::run`]
 //!   returns: the manager's future is awaited in the loop's own task, and
 //!   dropped if it overruns the shutdown grace.
@@ -60,6 +72,8 @@ mod backoff;
 mod cause;
 mod factory;
 mod metrics;
+mod scope;
+mod signal;
 mod state;
 mod supervisor;
 mod token;
@@ -67,6 +81,8 @@ mod token;
 pub use crate::backoff::{Backoff, BackoffConfig};
 pub use crate::cause::{Cause, CauseKind};
 pub use crate::factory::{BoxError, ManagerError, ManagerFactory};
+pub use crate::scope::{OnLoss, RemoteScope, UsedRemote, UsedRemotes};
+pub use crate::signal::RemoteSignal;
 pub use crate::state::{Phase, Status};
 pub use crate::supervisor::{ShutdownOutcome, Supervisor, SupervisorConfig, SupervisorHandle};
 pub use crate::token::CycleToken;

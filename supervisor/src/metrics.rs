@@ -4,12 +4,17 @@ use prometheus::{Gauge, IntCounterVec, IntGauge, Opts, Registry};
 
 use crate::CauseKind;
 
+/// The causes that stop one remote's part of a cycle alone.
+pub(crate) const RESTART_CAUSES: [CauseKind; 2] =
+    [CauseKind::RemoteLost, CauseKind::RemoteRecovered];
+
 #[derive(Debug, Clone)]
 pub(crate) struct Metrics {
     pub(crate) cycle: IntGauge,
     pub(crate) cycles_total: IntCounterVec,
     pub(crate) backoff_seconds: Gauge,
     pub(crate) manager_up: IntGauge,
+    pub(crate) restarts_total: IntCounterVec,
 }
 
 impl Metrics {
@@ -31,6 +36,13 @@ impl Metrics {
                 "tether_manager_up",
                 "1 while a cycle's manager runs with its required caches synced.",
             ))?,
+            restarts_total: IntCounterVec::new(
+                Opts::new(
+                    "tether_remote_restarts_total",
+                    "Stops of one remote's part of a cycle while the cycle ran on, by remote and by the cause that stopped it.",
+                ),
+                &["remote", "cause"],
+            )?,
         };
         // Every cause starts at 0, so `increase()` sees the first end too.
         for kind in CauseKind::ALL {
@@ -40,6 +52,7 @@ impl Metrics {
         registry.register(Box::new(metrics.cycles_total.clone()))?;
         registry.register(Box::new(metrics.backoff_seconds.clone()))?;
         registry.register(Box::new(metrics.manager_up.clone()))?;
+        registry.register(Box::new(metrics.restarts_total.clone()))?;
         Ok(metrics)
     }
 }

@@ -1,14 +1,14 @@
 //! What the supervisor shares with the admin server: a status snapshot kept
 //! in step with the metrics.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::metrics::Metrics;
-use crate::{Cause, CauseKind};
+use crate::metrics::{Metrics, RESTART_CAUSES};
+use crate::{Cause, CauseKind, CycleToken, OnLoss, UsedRemotes};
 
 /// Where the supervisor's loop is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,50 +47,120 @@ pub struct Status {
     pub heartbeat: Instant,
     /// Ended cycles by cause; every cause is present.
     pub ended: BTreeMap<CauseKind, u64>,
+    /// The remotes whose part of the current cycle is stopped alone (lost,
+    /// and waiting to recover), by name.
+    pub stopped_remotes: Vec<String>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    status: Status,
+    /// The running cycle, so that [`State::end_cycle`] can reach it.
+    current: Option<CycleToken>,
+    /// The remotes that have `tether_remote_restarts_total` series.
+    restartable: BTreeSet<String>,
 }
 
 #[derive(Debug)]
 pub(crate) struct State {
-    status: Mutex<Status>,
+    inner: Mutex<Inner>,
     metrics: Metrics,
 }
 
 impl State {
     pub(crate) fn new(metrics: Metrics) -> Self {
         Self {
-            status: Mutex::new(Status {
-                phase: Phase::Starting,
-                cycle: 0,
-                cycle_started: None,
-                manager_up: false,
-                last_cause: None,
-                last_lifetime: None,
-                backoff: None,
-                heartbeat: Instant::now(),
-                ended: CauseKind::ALL.into_iter().map(|kind| (kind, 0)).collect(),
+            inner: Mutex::new(Inner {
+                status: Status {
+                    phase: Phase::Starting,
+                    cycle: 0,
+                    cycle_started: None,
+                    manager_up: false,
+                    last_cause: None,
+                    last_lifetime: None,
+                    backoff: None,
+                    heartbeat: Instant::now(),
+                    ended: CauseKind::ALL.into_iter().map(|kind| (kind, 0)).collect(),
+                    stopped_remotes: Vec::new(),
+                },
+                current: None,
+                restartable: BTreeSet::new(),
             }),
             metrics,
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Status> {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
         // Nothing panics while holding this lock: every critical section only
         // assigns fields. A poisoned lock still holds a consistent status.
-        self.status
+        self.inner
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     pub(crate) fn snapshot(&self) -> Status {
-        self.lock().clone()
+        let inner = self.lock();
+        let mut status = inner.status.clone();
+        if let Some(cycle) = &inner.current {
+            status.stopped_remotes = cycle.stopped_remotes();
+        }
+        status
     }
 
     pub(crate) fn beat(&self) {
-        self.lock().heartbeat = Instant::now();
+        self.lock().status.heartbeat = Instant::now();
     }
 
-    pub(crate) fn cycle_started(&self, number: u64, at: Instant) {
-        let mut status = self.lock();
+    /// Cancels the running cycle with `cause`; returns whether a cycle was
+    /// running and `cause` was recorded.
+    pub(crate) fn end_cycle(&self, cause: Cause) -> bool {
+        let current = self.lock().current.clone();
+        current.is_some_and(|cycle| cycle.cancel(cause))
+    }
+
+    /// Counts a stop of `remote`'s part alone.
+    pub(crate) fn remote_restarted(&self, remote: &str, cause: CauseKind) {
+        self.metrics
+            .restarts_total
+            .with_label_values(&[remote, cause.as_str()])
+            .inc();
+    }
+
+    /// Keeps `tether_remote_restarts_total` to the remotes that can restart
+    /// alone in this cycle: theirs start at 0, other remotes' go.
+    pub(crate) fn remotes_used(&self, used: &UsedRemotes) {
+        let now: BTreeSet<String> = match used {
+            UsedRemotes::All => BTreeSet::new(),
+            UsedRemotes::Only(remotes) => remotes
+                .iter()
+                .filter(|r| r.on_loss == OnLoss::RestartAlone)
+                .map(|r| r.name.clone())
+                .collect(),
+        };
+        let mut inner = self.lock();
+        for gone in inner.restartable.difference(&now) {
+            for cause in RESTART_CAUSES {
+                let _ = self
+                    .metrics
+                    .restarts_total
+                    .remove_label_values(&[gone, cause.as_str()]);
+            }
+        }
+        for remote in &now {
+            for cause in RESTART_CAUSES {
+                self.metrics
+                    .restarts_total
+                    .with_label_values(&[remote, cause.as_str()]);
+            }
+        }
+        inner.restartable = now;
+    }
+
+    pub(crate) fn cycle_started(&self, cycle: &CycleToken, at: Instant) {
+        let number = cycle.number();
+        let mut inner = self.lock();
+        inner.current = Some(cycle.clone());
+        let status = &mut inner.status;
         status.phase = Phase::Running;
         status.cycle = number;
         status.cycle_started = Some(at);
@@ -112,7 +182,7 @@ impl State {
         up: bool,
         cancelled: impl FnOnce() -> bool,
     ) -> bool {
-        let mut status = self.lock();
+        let status = &mut self.lock().status;
         if status.cycle != number || status.phase != Phase::Running || (up && cancelled()) {
             return false;
         }
@@ -122,7 +192,7 @@ impl State {
     }
 
     pub(crate) fn shutting_down(&self) {
-        let mut status = self.lock();
+        let status = &mut self.lock().status;
         status.phase = Phase::ShuttingDown;
         status.manager_up = false;
         self.metrics.manager_up.set(0);
@@ -131,7 +201,9 @@ impl State {
     /// Records the end of the current cycle, and the wait before the next one
     /// (`None` at shutdown).
     pub(crate) fn cycle_ended(&self, cause: &Cause, lifetime: Duration, next: Option<Duration>) {
-        let mut status = self.lock();
+        let mut inner = self.lock();
+        inner.current = None;
+        let status = &mut inner.status;
         status.manager_up = false;
         status.last_cause = Some(cause.clone());
         status.last_lifetime = Some(lifetime);
@@ -149,7 +221,9 @@ impl State {
     }
 
     pub(crate) fn stopped(&self) {
-        let mut status = self.lock();
+        let mut inner = self.lock();
+        inner.current = None;
+        let status = &mut inner.status;
         status.phase = Phase::Stopped;
         status.manager_up = false;
         status.backoff = None;

@@ -6,7 +6,8 @@ use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::FutureExt as _;
+use futures_util::stream::{self, BoxStream, Fuse, SelectAll};
+use futures_util::{FutureExt as _, Stream, StreamExt as _};
 use prometheus::Registry;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
@@ -15,8 +16,10 @@ use tracing::{Instrument as _, debug, error, info, info_span, warn};
 use crate::factory::error_chain;
 use crate::metrics::Metrics;
 use crate::state::{State, Status};
+use crate::token::Usage;
 use crate::{
-    Backoff, BackoffConfig, Cause, CycleToken, Error, ManagerError, ManagerFactory, Result,
+    Backoff, BackoffConfig, Cause, CauseKind, CycleToken, Error, ManagerError, ManagerFactory,
+    RemoteSignal, Result,
 };
 
 /// Settings of the cycle loop.
@@ -34,6 +37,9 @@ pub struct SupervisorConfig {
     /// How often the loop records its heartbeat while it waits. Default 1s.
     /// `/healthz` fails when the heartbeat is older than a few of these.
     pub heartbeat: Duration,
+    /// Whether a remote that recovers ends the cycle (or restarts its own
+    /// part), so that clients reconnect fresh. Default `true`.
+    pub rebuild_on_recovery: bool,
 }
 
 impl Default for SupervisorConfig {
@@ -43,6 +49,7 @@ impl Default for SupervisorConfig {
             stable_after: Duration::from_secs(60),
             shutdown_grace: Duration::from_secs(30),
             heartbeat: Duration::from_secs(1),
+            rebuild_on_recovery: true,
         }
     }
 }
@@ -73,6 +80,13 @@ impl SupervisorConfig {
     #[must_use]
     pub fn with_heartbeat(mut self, heartbeat: Duration) -> Self {
         self.heartbeat = heartbeat;
+        self
+    }
+
+    /// Sets whether a recovered remote ends the cycle (or restarts its part).
+    #[must_use]
+    pub fn with_rebuild_on_recovery(mut self, rebuild: bool) -> Self {
+        self.rebuild_on_recovery = rebuild;
         self
     }
 
@@ -115,15 +129,37 @@ impl SupervisorHandle {
     pub fn status(&self) -> Status {
         self.state.snapshot()
     }
+
+    /// Ends the running cycle with `cause`, as new configuration does
+    /// (`config_changed`). Returns whether a cycle was running and `cause`
+    /// was recorded; between cycles there is nothing to end, since the next
+    /// cycle is built from what is current then.
+    // Not `#[must_use]`: most callers end the cycle and move on.
+    #[allow(clippy::must_use_candidate)]
+    pub fn end_cycle(&self, cause: Cause) -> bool {
+        self.state.end_cycle(cause)
+    }
 }
+
+/// Every source of remote signals, merged.
+type Signals = Fuse<SelectAll<BoxStream<'static, RemoteSignal>>>;
 
 /// Builds a manager once per cycle and rebuilds it, with backoff, whenever a
 /// cycle ends, until the root token is cancelled.
-#[derive(Debug)]
 pub struct Supervisor<F> {
     factory: F,
     config: SupervisorConfig,
     state: Arc<State>,
+    signals: Vec<BoxStream<'static, RemoteSignal>>,
+}
+
+impl<F> std::fmt::Debug for Supervisor<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Supervisor")
+            .field("config", &self.config)
+            .field("signal_sources", &self.signals.len())
+            .finish_non_exhaustive()
+    }
 }
 
 /// How a cycle's run ended, as the loop needs to know it.
@@ -149,7 +185,34 @@ impl<F: ManagerFactory> Supervisor<F> {
             factory,
             config,
             state: Arc::new(State::new(metrics)),
+            signals: Vec::new(),
         })
+    }
+
+    /// Ends cycles on `signals`: a remote lost or recovered, or signals
+    /// dropped by a source that fell behind.
+    ///
+    /// A signal counts for the cycle running when the loop takes it; signals
+    /// that arrive between cycles are dropped, so a remote that is already
+    /// down when a cycle starts does not end that cycle again. For a remote
+    /// the cycle uses (see [`ManagerFactory::remotes`]):
+    ///
+    /// - a loss ends the cycle (`remote_lost`), or, for a remote that
+    ///   restarts alone, stops only its scope;
+    /// - a recovery ends the cycle (`remote_recovered`) if
+    ///   `rebuild_on_recovery` is set; a remote whose scope was stopped
+    ///   starts again either way;
+    /// - dropped signals end the cycle (`transitions_missed`): any of them
+    ///   may have been a loss.
+    ///
+    /// May be called more than once; the sources are merged.
+    #[must_use]
+    pub fn end_cycles_on(
+        mut self,
+        signals: impl Stream<Item = RemoteSignal> + Send + 'static,
+    ) -> Self {
+        self.signals.push(signals.boxed());
+        self
     }
 
     /// A view of this supervisor's state that outlives [`run`](Self::run).
@@ -172,24 +235,56 @@ impl<F: ManagerFactory> Supervisor<F> {
     /// Not meant to be dropped: cancel `root` instead and await the outcome.
     /// Dropping the future drops the running manager's future with it.
     pub async fn run(self, root: CancellationToken) -> ShutdownOutcome {
-        self.cycles(&root)
-            .instrument(info_span!("supervisor"))
-            .await
+        let Self {
+            factory,
+            config,
+            state,
+            signals,
+        } = self;
+        let mut signals = stream::select_all(signals).fuse();
+        Looper {
+            factory,
+            config,
+            state,
+        }
+        .cycles(&root, &mut signals)
+        .instrument(info_span!("supervisor"))
+        .await
     }
+}
 
-    async fn cycles(&self, root: &CancellationToken) -> ShutdownOutcome {
+/// The running loop: a supervisor without its signal sources, which it
+/// polls from its own task.
+struct Looper<F> {
+    factory: F,
+    config: SupervisorConfig,
+    state: Arc<State>,
+}
+
+impl<F: ManagerFactory> Looper<F> {
+    async fn cycles(&self, root: &CancellationToken, signals: &mut Signals) -> ShutdownOutcome {
         let mut backoff = Backoff::new(self.config.backoff);
         for number in 1.. {
             if root.is_cancelled() {
                 break;
             }
+            // What was signalled before this cycle is not news to it.
+            while let Some(Some(signal)) = signals.next().now_or_never() {
+                debug!(?signal, "signal between cycles; dropped");
+            }
             let cycle = CycleToken::with_state(number, root, Some(Arc::clone(&self.state)));
             let started = Instant::now();
-            self.state.cycle_started(number, started);
+            // Registered before the factory is asked for its remotes, so an
+            // `end_cycle` that follows a change the factory might not have
+            // seen reaches this cycle.
+            self.state.cycle_started(&cycle, started);
+            let used = self.factory.remotes();
+            cycle.use_remotes(&used);
+            self.state.remotes_used(&used);
             info!(cycle = number, "cycle starting");
 
             let end = self
-                .run_cycle(&cycle, root)
+                .run_cycle(&cycle, root, signals)
                 .instrument(info_span!("cycle", cycle = number))
                 .await;
             let lifetime = started.elapsed();
@@ -214,9 +309,16 @@ impl<F: ManagerFactory> Supervisor<F> {
 
             let waited = self
                 .beat_while(async {
-                    tokio::select! {
-                        () = tokio::time::sleep(wait) => true,
-                        () = root.cancelled() => false,
+                    let sleep = tokio::time::sleep(wait);
+                    tokio::pin!(sleep);
+                    loop {
+                        tokio::select! {
+                            () = &mut sleep => return true,
+                            () = root.cancelled() => return false,
+                            Some(signal) = signals.next() => {
+                                debug!(?signal, "signal between cycles; dropped");
+                            }
+                        }
                     }
                 })
                 .await;
@@ -230,14 +332,22 @@ impl<F: ManagerFactory> Supervisor<F> {
     }
 
     /// Runs one manager to its end, and leaves `cycle` cancelled with a cause.
-    async fn run_cycle(&self, cycle: &CycleToken, root: &CancellationToken) -> CycleEnd {
+    async fn run_cycle(
+        &self,
+        cycle: &CycleToken,
+        root: &CancellationToken,
+        signals: &mut Signals,
+    ) -> CycleEnd {
         let mut run = pin!(AssertUnwindSafe(self.factory.run(cycle.clone())).catch_unwind());
         let finished = self
             .beat_while(async {
-                tokio::select! {
-                    biased;
-                    out = &mut run => Some(out),
-                    () = root.cancelled() => None,
+                loop {
+                    tokio::select! {
+                        biased;
+                        out = &mut run => return Some(out),
+                        () = root.cancelled() => return None,
+                        Some(signal) = signals.next() => self.on_signal(cycle, signal),
+                    }
                 }
             })
             .await;
@@ -274,6 +384,52 @@ impl<F: ManagerFactory> Supervisor<F> {
             (false, _) => CycleEnd::Returned,
             (true, true) => CycleEnd::Shutdown(ShutdownOutcome::Clean),
             (true, false) => CycleEnd::Shutdown(ShutdownOutcome::GraceExceeded),
+        }
+    }
+
+    /// Acts on one signal for the running `cycle`.
+    fn on_signal(&self, cycle: &CycleToken, signal: RemoteSignal) {
+        let rebuild = self.config.rebuild_on_recovery;
+        match signal {
+            RemoteSignal::Missed(count) => {
+                if cycle.cancel(Cause::TransitionsMissed { count }) {
+                    warn!(
+                        missed = count,
+                        "fell behind the remote signals; ending the cycle, since a loss may be among those missed"
+                    );
+                }
+            }
+            RemoteSignal::Lost(remote) => match cycle.usage(&remote) {
+                Usage::Unused => {}
+                Usage::EndsCycle => {
+                    cycle.cancel(Cause::remote_lost(remote));
+                }
+                Usage::RestartsAlone(scope) => {
+                    if scope.stop() {
+                        self.state.remote_restarted(&remote, CauseKind::RemoteLost);
+                        warn!(%remote, "remote lost: its part of the cycle stops until it is back; the rest runs on");
+                    }
+                }
+            },
+            RemoteSignal::Recovered(remote) => match cycle.usage(&remote) {
+                Usage::Unused => {}
+                Usage::EndsCycle => {
+                    if rebuild {
+                        cycle.cancel(Cause::remote_recovered(remote));
+                    }
+                }
+                Usage::RestartsAlone(scope) => {
+                    if !scope.is_running() {
+                        info!(%remote, "remote back: its part of the cycle starts again");
+                        scope.start();
+                    } else if rebuild {
+                        self.state
+                            .remote_restarted(&remote, CauseKind::RemoteRecovered);
+                        info!(%remote, "remote back: restarting its part of the cycle, so its clients reconnect fresh");
+                        scope.start();
+                    }
+                }
+            },
         }
     }
 

@@ -11,13 +11,27 @@
 //!   records [`Cause::Shutdown`].)
 //! - The first recorded cause wins; later ones are ignored.
 //! - Once the token is cancelled, the manager can no longer report itself up.
+//! - The remotes the cycle uses, and their scopes, are set once, before the
+//!   manager runs; a token made outside a supervisor has none.
 
 use std::sync::{Arc, OnceLock};
 
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 use crate::Cause;
+use crate::OnLoss;
+use crate::scope::{RemoteScope, Scope, Scopes, UsedRemotes};
 use crate::state::State;
+
+/// How a cycle uses a remote a signal names.
+pub(crate) enum Usage<'a> {
+    /// Not at all: the signal is ignored.
+    Unused,
+    /// Its loss ends the cycle.
+    EndsCycle,
+    /// Its loss stops only this scope.
+    RestartsAlone(&'a Scope),
+}
 
 /// The token of one cycle, handed to the manager.
 ///
@@ -33,6 +47,8 @@ struct Inner {
     token: CancellationToken,
     cause: OnceLock<Cause>,
     state: Option<Arc<State>>,
+    /// `None` until set: every remote is used, without scopes.
+    scopes: OnceLock<Scopes>,
 }
 
 impl CycleToken {
@@ -57,6 +73,7 @@ impl CycleToken {
                 token: root.child_token(),
                 cause: OnceLock::new(),
                 state,
+                scopes: OnceLock::new(),
             }),
         }
     }
@@ -107,6 +124,54 @@ impl CycleToken {
     #[must_use]
     pub fn child_token(&self) -> CancellationToken {
         self.inner.token.child_token()
+    }
+
+    /// The scope of `remote` in this cycle, if the cycle uses it by name.
+    ///
+    /// A manager that declared its remotes
+    /// ([`ManagerFactory::remotes`](crate::ManagerFactory::remotes)) runs
+    /// each remote's part under the runs of its scope, so that the loss of
+    /// a remote that restarts alone stops only that part.
+    #[must_use]
+    pub fn scope(&self, remote: &str) -> Option<RemoteScope> {
+        self.inner
+            .scopes
+            .get()?
+            .get(remote)
+            .map(|scope| RemoteScope::new(remote, scope))
+    }
+
+    /// Sets the remotes the cycle uses; only the first call counts.
+    pub(crate) fn use_remotes(&self, used: &UsedRemotes) {
+        if let UsedRemotes::Only(remotes) = used {
+            let _ = self
+                .inner
+                .scopes
+                .set(crate::scope::scopes(remotes, &self.inner.token));
+        }
+    }
+
+    /// How the cycle uses `remote`.
+    pub(crate) fn usage(&self, remote: &str) -> Usage<'_> {
+        match self.inner.scopes.get().map(|scopes| scopes.get(remote)) {
+            None => Usage::EndsCycle,
+            Some(None) => Usage::Unused,
+            Some(Some(scope)) => match scope.on_loss() {
+                OnLoss::EndCycle => Usage::EndsCycle,
+                OnLoss::RestartAlone => Usage::RestartsAlone(scope),
+            },
+        }
+    }
+
+    /// The names of the remotes whose part is stopped alone.
+    pub(crate) fn stopped_remotes(&self) -> Vec<String> {
+        self.inner.scopes.get().map_or_else(Vec::new, |scopes| {
+            scopes
+                .iter()
+                .filter(|(_, scope)| !scope.is_running())
+                .map(|(name, _)| name.clone())
+                .collect()
+        })
     }
 
     /// Reports whether the manager is up (its required caches have synced).

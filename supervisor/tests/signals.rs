@@ -1,0 +1,392 @@
+//! What ends a cycle, as inputs of the supervisor: remote signals, the
+//! handle's `end_cycle`, and per-remote scopes inside a cycle. All on
+//! tokio's paused clock.
+
+// Metric values compared here are small integers, exact in f64.
+#![allow(clippy::float_cmp)]
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use prometheus::Registry;
+use tether_supervisor::{
+    BackoffConfig, Cause, CauseKind, CycleToken, ManagerError, ManagerFactory, Phase, RemoteSignal,
+    ShutdownOutcome, Status, Supervisor, SupervisorConfig, SupervisorHandle, UsedRemote,
+    UsedRemotes,
+};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::timeout;
+use tokio_util::sync::CancellationToken;
+
+/// Far longer than any schedule in these tests, on the paused clock.
+const DEADLOCK: Duration = Duration::from_secs(3600);
+
+/// One run of one remote's part, as the manager saw it begin.
+#[derive(Debug)]
+struct Run {
+    cycle: u64,
+    remote: String,
+    token: CancellationToken,
+}
+
+/// A manager that declares `used` and runs one task per used remote, which
+/// reports every run of that remote's scope.
+struct Scoped {
+    used: Arc<Mutex<UsedRemotes>>,
+    cycles: mpsc::UnboundedSender<CycleToken>,
+    runs: mpsc::UnboundedSender<Run>,
+}
+
+impl ManagerFactory for Scoped {
+    fn remotes(&self) -> UsedRemotes {
+        self.used
+            .lock()
+            .expect("no test panics while holding it")
+            .clone()
+    }
+
+    async fn run(&self, cycle: CycleToken) -> Result<(), ManagerError> {
+        let _ = self.cycles.send(cycle.clone());
+        cycle.set_manager_up(true);
+        let names: Vec<String> = match self.remotes() {
+            UsedRemotes::All => Vec::new(),
+            UsedRemotes::Only(used) => used.into_iter().map(|r| r.name).collect(),
+        };
+        let mut parts = tokio::task::JoinSet::new();
+        for name in names {
+            let mut scope = cycle.scope(&name).expect("a declared remote has a scope");
+            let runs = self.runs.clone();
+            let number = cycle.number();
+            parts.spawn(async move {
+                while let Some(token) = scope.next_run().await {
+                    let _ = runs.send(Run {
+                        cycle: number,
+                        remote: scope.remote().to_owned(),
+                        token: token.clone(),
+                    });
+                    token.cancelled().await;
+                }
+            });
+        }
+        cycle.cancelled().await;
+        while parts.join_next().await.is_some() {}
+        Ok(())
+    }
+}
+
+struct Harness {
+    used: Arc<Mutex<UsedRemotes>>,
+    signals: mpsc::UnboundedSender<RemoteSignal>,
+    cycles: mpsc::UnboundedReceiver<CycleToken>,
+    runs: mpsc::UnboundedReceiver<Run>,
+    handle: SupervisorHandle,
+    registry: Registry,
+    root: CancellationToken,
+    run: JoinHandle<ShutdownOutcome>,
+}
+
+fn config() -> SupervisorConfig {
+    SupervisorConfig::default().with_backoff(BackoffConfig::default().with_jitter(0.0))
+}
+
+fn start(used: UsedRemotes, config: SupervisorConfig) -> Harness {
+    let (cycles_tx, cycles) = mpsc::unbounded_channel();
+    let (runs_tx, runs) = mpsc::unbounded_channel();
+    let (signals, rx) = mpsc::unbounded_channel();
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|signal| (signal, rx))
+    });
+    let registry = Registry::new();
+    let used = Arc::new(Mutex::new(used));
+    let supervisor = Supervisor::new(
+        Scoped {
+            used: Arc::clone(&used),
+            cycles: cycles_tx,
+            runs: runs_tx,
+        },
+        config,
+        &registry,
+    )
+    .expect("valid config")
+    .end_cycles_on(stream);
+    let handle = supervisor.handle();
+    let root = CancellationToken::new();
+    let run = tokio::spawn(supervisor.run(root.clone()));
+    Harness {
+        used,
+        signals,
+        cycles,
+        runs,
+        handle,
+        registry,
+        root,
+        run,
+    }
+}
+
+fn lost(remote: &str) -> RemoteSignal {
+    RemoteSignal::Lost(remote.to_owned())
+}
+
+fn recovered(remote: &str) -> RemoteSignal {
+    RemoteSignal::Recovered(remote.to_owned())
+}
+
+impl Harness {
+    async fn next_cycle(&mut self) -> CycleToken {
+        timeout(DEADLOCK, self.cycles.recv())
+            .await
+            .expect("no cycle within the deadline: supervisor loop deadlocked?")
+            .expect("the supervisor stopped building")
+    }
+
+    async fn next_run(&mut self) -> Run {
+        timeout(DEADLOCK, self.runs.recv())
+            .await
+            .expect("no run of a remote's part within the deadline: deadlocked?")
+            .expect("the manager is gone")
+    }
+
+    fn send(&self, signal: RemoteSignal) {
+        self.signals.send(signal).expect("the supervisor listens");
+    }
+
+    /// Lets the loop take what was sent, on the paused clock.
+    async fn settle(&self) {
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    async fn until(&self, what: &str, pred: impl Fn(&Status) -> bool) -> Status {
+        for _ in 0..1000 {
+            let status = self.handle.status();
+            if pred(&status) {
+                return status;
+            }
+            tokio::task::yield_now().await;
+        }
+        panic!("never reached: {what}; status {:?}", self.handle.status());
+    }
+
+    fn counter(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        self.registry
+            .gather()
+            .into_iter()
+            .find(|f| f.name() == name)?
+            .get_metric()
+            .iter()
+            .find(|m| {
+                labels.iter().all(|(k, v)| {
+                    m.get_label()
+                        .iter()
+                        .any(|l| l.name() == *k && l.value() == *v)
+                })
+            })
+            .map(|m| m.get_counter().get_value())
+    }
+
+    fn ended(&self, kind: CauseKind) -> f64 {
+        self.counter("tether_cycles_total", &[("cause", kind.as_str())])
+            .expect("every cause is exported")
+    }
+
+    fn restarts(&self, remote: &str, cause: CauseKind) -> Option<f64> {
+        self.counter(
+            "tether_remote_restarts_total",
+            &[("remote", remote), ("cause", cause.as_str())],
+        )
+    }
+
+    async fn shut_down(mut self) -> ShutdownOutcome {
+        self.root.cancel();
+        timeout(DEADLOCK, &mut self.run)
+            .await
+            .expect("shutdown deadlocked?")
+            .expect("the supervisor task does not panic")
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_remote_ends_the_cycle_and_a_loss_between_cycles_does_not_end_the_next() {
+    let mut h = start(UsedRemotes::All, config());
+    let first = h.next_cycle().await;
+    h.send(lost("a"));
+    let second = h.next_cycle().await;
+    assert_eq!(first.cause(), Some(&Cause::remote_lost("a")));
+
+    // Lost while the third cycle was not yet built: not news to it.
+    second.cancel(Cause::ConfigChanged);
+    h.until("backing off", |s| s.phase == Phase::BackingOff)
+        .await;
+    h.send(lost("b"));
+    let third = h.next_cycle().await;
+    h.settle().await;
+    assert!(
+        !third.is_cancelled(),
+        "a loss from before the cycle ended it: a rebuild storm"
+    );
+
+    h.send(recovered("b"));
+    let fourth = h.next_cycle().await;
+    assert_eq!(third.cause(), Some(&Cause::remote_recovered("b")));
+    assert_eq!(fourth.number(), 4);
+    assert_eq!(h.ended(CauseKind::RemoteLost), 1.0);
+    assert_eq!(h.ended(CauseKind::RemoteRecovered), 1.0);
+    assert_eq!(h.shut_down().await, ShutdownOutcome::Clean);
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_rebuild_on_recovery_a_recovery_ends_nothing() {
+    let mut h = start(UsedRemotes::All, config().with_rebuild_on_recovery(false));
+    let first = h.next_cycle().await;
+    h.send(recovered("a"));
+    h.settle().await;
+    assert!(!first.is_cancelled());
+    h.send(lost("a"));
+    h.next_cycle().await;
+    assert_eq!(first.cause(), Some(&Cause::remote_lost("a")));
+    assert_eq!(h.shut_down().await, ShutdownOutcome::Clean);
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropped_signals_end_the_cycle_as_transitions_missed() {
+    let mut h = start(UsedRemotes::All, config());
+    let first = h.next_cycle().await;
+    h.send(RemoteSignal::Missed(12));
+    h.next_cycle().await;
+    assert_eq!(first.cause(), Some(&Cause::TransitionsMissed { count: 12 }));
+    assert_eq!(h.ended(CauseKind::TransitionsMissed), 1.0);
+    assert_eq!(
+        h.handle.status().last_cause.map(|c| c.to_string()),
+        Some("transitions_missed (12 dropped)".to_owned())
+    );
+    assert_eq!(h.shut_down().await, ShutdownOutcome::Clean);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_handle_ends_the_running_cycle_and_nothing_between_cycles() {
+    let mut h = start(UsedRemotes::All, config());
+    let first = h.next_cycle().await;
+    assert!(h.handle.end_cycle(Cause::ConfigChanged));
+    h.until("backing off", |s| s.phase == Phase::BackingOff)
+        .await;
+    assert_eq!(first.cause(), Some(&Cause::ConfigChanged));
+    assert!(
+        !h.handle.end_cycle(Cause::ConfigChanged),
+        "ended a cycle that was not running"
+    );
+    let second = h.next_cycle().await;
+    h.settle().await;
+    assert!(!second.is_cancelled());
+    assert_eq!(h.ended(CauseKind::ConfigChanged), 1.0);
+    assert_eq!(h.shut_down().await, ShutdownOutcome::Clean);
+}
+
+#[tokio::test(start_paused = true)]
+async fn signals_about_remotes_the_cycle_does_not_use_are_ignored() {
+    let mut h = start(
+        UsedRemotes::Only(vec![UsedRemote::ends_cycle("a")]),
+        config(),
+    );
+    let first = h.next_cycle().await;
+    h.next_run().await;
+    h.send(lost("other"));
+    h.send(recovered("other"));
+    h.settle().await;
+    assert!(!first.is_cancelled());
+    assert_eq!(h.shut_down().await, ShutdownOutcome::Clean);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_optional_remote_restarts_alone_and_a_required_one_ends_the_cycle() {
+    let mut h = start(
+        UsedRemotes::Only(vec![
+            UsedRemote::ends_cycle("required"),
+            UsedRemote::restarts_alone("optional"),
+        ]),
+        config(),
+    );
+    let cycle = h.next_cycle().await;
+    let mut first = [h.next_run().await, h.next_run().await];
+    first.sort_by(|a, b| a.remote.cmp(&b.remote));
+    let [optional, required] = first;
+    assert_eq!((optional.remote.as_str(), optional.cycle), ("optional", 1));
+    assert_eq!(h.restarts("optional", CauseKind::RemoteLost), Some(0.0));
+    assert_eq!(
+        h.restarts("required", CauseKind::RemoteLost),
+        None,
+        "a remote that never restarts alone has no restart series"
+    );
+
+    h.send(lost("optional"));
+    h.until("optional stopped", |s| s.stopped_remotes == ["optional"])
+        .await;
+    assert!(
+        optional.token.is_cancelled(),
+        "the optional part still runs"
+    );
+    assert!(
+        !required.token.is_cancelled(),
+        "the loss reached the required part"
+    );
+    assert!(!cycle.is_cancelled(), "an optional remote ended the cycle");
+    assert_eq!(h.restarts("optional", CauseKind::RemoteLost), Some(1.0));
+
+    h.send(recovered("optional"));
+    let again = h.next_run().await;
+    assert_eq!((again.remote.as_str(), again.cycle), ("optional", 1));
+    assert!(!again.token.is_cancelled());
+    assert!(h.handle.status().stopped_remotes.is_empty());
+    assert_eq!(h.handle.status().cycle, 1);
+    assert_eq!(
+        h.restarts("optional", CauseKind::RemoteRecovered),
+        Some(0.0),
+        "restarting a stopped part is its loss's restart, not another"
+    );
+
+    h.send(lost("required"));
+    h.next_cycle().await;
+    assert_eq!(cycle.cause(), Some(&Cause::remote_lost("required")));
+    assert!(again.token.is_cancelled() && required.token.is_cancelled());
+    assert_eq!(h.shut_down().await, ShutdownOutcome::Clean);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_optional_remote_down_at_the_start_restarts_its_part_when_it_recovers() {
+    let mut h = start(
+        UsedRemotes::Only(vec![UsedRemote::restarts_alone("optional")]),
+        config(),
+    );
+    let cycle = h.next_cycle().await;
+    let first = h.next_run().await;
+    // No loss in this cycle: the remote was already down when it began.
+    h.send(recovered("optional"));
+    let second = h.next_run().await;
+    assert!(first.token.is_cancelled(), "the old part still runs");
+    assert!(!second.token.is_cancelled());
+    assert!(!cycle.is_cancelled());
+    assert_eq!(
+        h.restarts("optional", CauseKind::RemoteRecovered),
+        Some(1.0)
+    );
+    assert_eq!(h.shut_down().await, ShutdownOutcome::Clean);
+}
+
+#[tokio::test(start_paused = true)]
+async fn restart_series_follow_the_remotes_each_cycle_uses() {
+    let mut h = start(
+        UsedRemotes::Only(vec![UsedRemote::restarts_alone("gone")]),
+        config(),
+    );
+    h.next_cycle().await;
+    assert_eq!(h.restarts("gone", CauseKind::RemoteLost), Some(0.0));
+    *h.used.lock().expect("not poisoned") =
+        UsedRemotes::Only(vec![UsedRemote::restarts_alone("new")]);
+    assert!(h.handle.end_cycle(Cause::ConfigChanged));
+    h.next_cycle().await;
+    assert_eq!(h.restarts("gone", CauseKind::RemoteLost), None);
+    assert_eq!(h.restarts("new", CauseKind::RemoteLost), Some(0.0));
+    assert_eq!(h.shut_down().await, ShutdownOutcome::Clean);
+}
