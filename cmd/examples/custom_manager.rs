@@ -1,9 +1,11 @@
 //! Supplying your own manager instead of tether's built-in watch manager.
 //!
-//! The supervisor drives anything that implements `ManagerFactory`; the
-//! probes tell the cycle when a remote it uses is lost or recovers. This
-//! manager only logs; a real one would start its controllers with clients
-//! built from the same kube configs, under `cycle.child_token()`.
+//! The supervisor drives anything that implements `ManagerFactory`, and ends
+//! its cycles itself: the probes' signals end a cycle when a remote is lost
+//! or comes back, and `SupervisorHandle::end_cycle` when the configuration
+//! changes. A manager only starts its controllers and reports up. This one
+//! only prints; a real one would start its controllers with clients built
+//! from the same kube configs, under `cycle.child_token()`.
 //!
 //! Run it against a remote named by a kubeconfig:
 //! `cargo run -p tether --example custom_manager -- /path/to/kubeconfig`
@@ -11,25 +13,18 @@
 use std::time::Duration;
 
 use prometheus::Registry;
-use tether::manager::end_cycle_on_transitions;
-use tether_probes::{ProbeConfig, ProbeSet, ProbeSetHandle, Remote};
+use tether_probes::{ProbeConfig, ProbeSet, Remote};
 use tether_supervisor::{CycleToken, ManagerError, ManagerFactory, Supervisor, SupervisorConfig};
 use tokio_util::sync::CancellationToken;
 
-struct MyController {
-    probes: ProbeSetHandle,
-}
+struct MyController;
 
 impl ManagerFactory for MyController {
     async fn run(&self, cycle: CycleToken) -> Result<(), ManagerError> {
-        // Subscribe first: only transitions during this cycle end it.
-        let mut transitions = self.probes.subscribe();
         println!("cycle {}: my controllers start", cycle.number());
         // ... start controllers here, then report up once their caches sync.
         cycle.set_manager_up(true);
-        // Until a remote it uses is lost or recovers, or the cycle ends
-        // for another reason (config change, shutdown).
-        end_cycle_on_transitions(&cycle, &mut transitions, |_| true, true).await;
+        cycle.cancelled().await;
         println!("cycle {} ends: {:?}", cycle.number(), cycle.cause());
         Ok(())
     }
@@ -55,10 +50,8 @@ async fn main() -> anyhow::Result<()> {
         &registry,
     )?;
     probes.sync(&[Remote::new("my-remote", config)])?;
-    let manager = MyController {
-        probes: probes.handle(),
-    };
-    let supervisor = Supervisor::new(manager, SupervisorConfig::default(), &registry)?;
+    let supervisor = Supervisor::new(MyController, SupervisorConfig::default(), &registry)?
+        .end_cycles_on(probes.handle().signals());
 
     let root = CancellationToken::new();
     let stop = root.clone();

@@ -29,23 +29,37 @@ use tracing::debug;
 
 use crate::manager::ManagerHandle;
 
+/// The state the admin server reads: it never reaches into a manager.
+#[derive(Debug, Clone)]
+pub struct Sources {
+    /// The supervisor's state, readiness (`manager_up`) included.
+    pub supervisor: SupervisorHandle,
+    /// The probes' state.
+    pub probes: ProbeSetHandle,
+    /// The manager's caches, for the status page.
+    pub manager: ManagerHandle,
+    /// Set once at shutdown; never cleared.
+    pub draining: Arc<AtomicBool>,
+}
+
+/// How often each loop beats: `/healthz` fails when one is three behind.
+#[derive(Debug, Clone, Copy)]
+pub struct Heartbeats {
+    /// The probe interval.
+    pub probes: Duration,
+    /// The supervisor's heartbeat interval.
+    pub supervisor: Duration,
+}
+
 /// Everything the admin server reads.
 #[derive(Debug)]
 pub struct Admin {
     /// The process registry.
     pub registry: Registry,
-    /// The supervisor's state.
-    pub supervisor: SupervisorHandle,
-    /// The probes' state.
-    pub probes: ProbeSetHandle,
-    /// The manager's caches.
-    pub manager: ManagerHandle,
-    /// Set once at shutdown; never cleared.
-    pub draining: Arc<AtomicBool>,
-    /// The probe interval: `/healthz` fails when probes are 3 behind.
-    pub probe_interval: Duration,
-    /// The supervisor's heartbeat interval: likewise.
-    pub supervisor_heartbeat: Duration,
+    /// What it shows.
+    pub sources: Sources,
+    /// What counts as wedged.
+    pub heartbeats: Heartbeats,
     ready: IntGauge,
 }
 
@@ -71,12 +85,8 @@ impl Admin {
     /// If those metric names are taken.
     pub fn new(
         registry: Registry,
-        supervisor: SupervisorHandle,
-        probes: ProbeSetHandle,
-        manager: ManagerHandle,
-        draining: Arc<AtomicBool>,
-        probe_interval: Duration,
-        supervisor_heartbeat: Duration,
+        sources: Sources,
+        heartbeats: Heartbeats,
     ) -> prometheus::Result<Self> {
         let ready =
             IntGauge::with_opts(Opts::new("tether_ready", "What /readyz answers, as 1/0."))?;
@@ -89,12 +99,8 @@ impl Admin {
         registry.register(Box::new(build))?;
         Ok(Self {
             registry,
-            supervisor,
-            probes,
-            manager,
-            draining,
-            probe_interval,
-            supervisor_heartbeat,
+            sources,
+            heartbeats,
             ready,
         })
     }
@@ -104,14 +110,14 @@ impl Admin {
     #[must_use]
     pub fn healthz(&self) -> (u16, String) {
         let mut failures = Vec::new();
-        let supervisor = self.supervisor.status().heartbeat.elapsed();
-        if supervisor > self.supervisor_heartbeat * WEDGED_AFTER {
+        let supervisor = self.sources.supervisor.status().heartbeat.elapsed();
+        if supervisor > self.heartbeats.supervisor * WEDGED_AFTER {
             failures.push(format!(
                 "[-]supervisor: last heartbeat {supervisor:.1?} ago"
             ));
         }
-        let probes = self.probes.heartbeat().elapsed();
-        if probes > self.probe_interval * WEDGED_AFTER {
+        let probes = self.sources.probes.heartbeat().elapsed();
+        if probes > self.heartbeats.probes * WEDGED_AFTER {
             failures.push(format!("[-]probes: oldest probe tick {probes:.1?} ago"));
         }
         if failures.is_empty() {
@@ -124,62 +130,65 @@ impl Admin {
         }
     }
 
-    /// Readiness: not draining, a manager up, and every required remote's
-    /// caches synced this cycle. Also sets `tether_ready`.
+    /// Readiness: not draining, and the manager up, which the manager
+    /// decides (every required remote's caches synced and current). Also
+    /// sets `tether_ready`.
     #[must_use]
     pub fn readyz(&self) -> (u16, String) {
-        let mut lines = Vec::new();
-        let mut ready = true;
-        let mut check = |ok: bool, line: String| {
-            ready &= ok;
-            lines.push(format!("[{}]{line}", if ok { '+' } else { '-' }));
-        };
-        check(
-            !self.draining.load(Ordering::SeqCst),
-            "not draining".to_owned(),
-        );
-        let status = self.supervisor.status();
-        check(
-            status.manager_up,
-            format!("manager up (cycle {}, {:?})", status.cycle, status.phase),
-        );
-        let required = self.manager.required();
-        for ((remote, resource), cache) in self.manager.caches() {
-            if required.contains(&remote) {
-                check(cache.synced, format!("cache {remote}/{resource} synced"));
-            }
-        }
-        self.ready.set(i64::from(ready));
+        let draining = self.sources.draining.load(Ordering::SeqCst);
+        let status = self.sources.supervisor.status();
+        let ready = !draining && status.manager_up;
+        let mark = |ok: bool| if ok { '+' } else { '-' };
         let verdict = if ready {
             "readyz check passed"
         } else {
             "readyz check failed"
         };
+        self.ready.set(i64::from(ready));
         (
             if ready { 200 } else { 503 },
-            format!("{}\n{verdict}\n", lines.join("\n")),
+            format!(
+                "[{}]not draining\n[{}]manager up (cycle {}, every required cache synced and current)\n{verdict}\n",
+                mark(!draining),
+                mark(status.manager_up),
+                status.cycle,
+            ),
         )
     }
 
     /// The state of the process, as `/status.json` shows it.
     #[must_use]
     pub fn status(&self) -> Value {
-        let caches = self.manager.caches();
-        let required = self.manager.required();
+        let caches = self.sources.manager.caches();
+        let required = self.sources.manager.required();
+        let status = self.sources.supervisor.status();
         let remotes: Vec<Value> = self
+            .sources
             .probes
             .status()
             .into_iter()
             .map(|remote| {
+                // The caches are keyed by (remote, resource): one range each.
+                let from = (remote.name.clone(), String::new());
                 let remote_caches: Vec<Value> = caches
-                    .iter()
-                    .filter(|((name, _), _)| *name == remote.name)
-                    .map(|((_, resource), cache)| json!({"resource": resource, "synced": cache.synced, "objects": cache.objects}))
+                    .range(from..)
+                    .take_while(|((name, _), _)| *name == remote.name)
+                    .map(|((_, resource), cache)| {
+                        json!({
+                            "resource": resource,
+                            "synced": cache.synced,
+                            "stale": cache.stale,
+                            "failingSecondsAgo": ago(cache.failing_since),
+                            "objects": cache.objects,
+                        })
+                    })
                     .collect();
+                let stopped = status.stopped_remotes.binary_search(&remote.name).is_ok();
                 json!({
                     "name": remote.name,
                     "host": remote.host,
                     "required": required.contains(&remote.name),
+                    "stoppedInCycle": stopped,
                     "state": remote.state.as_str(),
                     "consecutiveFailures": remote.consecutive_failures,
                     "lastStatus": remote.last_status,
@@ -194,10 +203,9 @@ impl Admin {
                 })
             })
             .collect();
-        let status = self.supervisor.status();
         json!({
             "version": env!("CARGO_PKG_VERSION"),
-            "draining": self.draining.load(Ordering::SeqCst),
+            "draining": self.sources.draining.load(Ordering::SeqCst),
             "supervisor": {
                 "cycle": status.cycle,
                 "phase": format!("{:?}", status.phase),
@@ -255,7 +263,7 @@ impl Admin {
             text(&status["draining"]),
         );
         html.push_str(
-            "<h2>Remotes</h2><table><tr><th>remote</th><th>host</th><th>state</th><th>failures</th>\
+            "<h2>Remotes</h2><table><tr><th>remote</th><th>host</th><th>gates readiness</th><th>state</th><th>failures</th>\
              <th>last cause</th><th>last error</th><th>last transition (s ago)</th><th>latency (s)</th>\
              <th>caches</th></tr>",
         );
@@ -265,23 +273,32 @@ impl Admin {
                 .into_iter()
                 .flatten()
                 .map(|c| {
+                    let how = match (c["synced"] == true, c["stale"] == true) {
+                        (_, true) => "stale: its watch keeps failing",
+                        (true, false) => "synced",
+                        (false, false) => "not synced",
+                    };
                     format!(
-                        "{}: {} ({} objects)",
+                        "{}: {how} ({} objects)",
                         text(&c["resource"]),
-                        if c["synced"] == true {
-                            "synced"
-                        } else {
-                            "not synced"
-                        },
                         text(&c["objects"])
                     )
                 })
                 .collect();
+            let mut caches = caches.join("<br>");
+            if remote["stoppedInCycle"] == true {
+                caches.insert_str(0, "stopped until the remote is back<br>");
+            }
+            let required = if remote["required"] == true {
+                "required"
+            } else {
+                "optional"
+            };
             let state = remote["state"].as_str().unwrap_or("unknown");
             let _ = write!(
                 html,
-                "<tr><td>{}</td><td>{}</td><td class=\"{state}\">{state}</td><td>{}</td><td>{}</td>\
-                 <td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                "<tr><td>{}</td><td>{}</td><td>{required}</td><td class=\"{state}\">{state}</td><td>{}</td><td>{}</td>\
+                 <td>{}</td><td>{}</td><td>{}</td><td>{caches}</td></tr>",
                 text(&remote["name"]),
                 text(&remote["host"]),
                 text(&remote["consecutiveFailures"]),
@@ -289,7 +306,6 @@ impl Admin {
                 text(&remote["lastError"]),
                 text(&remote["lastTransitionSecondsAgo"]),
                 text(&remote["latencySeconds"]),
-                caches.join("<br>"),
             );
         }
         html.push_str("</table><p><a href=\"/metrics\">/metrics</a> · <a href=\"/status.json\">/status.json</a> · <a href=\"/readyz\">/readyz</a> · <a href=\"/healthz\">/healthz</a></p></body></html>\n");

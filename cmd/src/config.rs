@@ -113,10 +113,8 @@ pub struct Config {
     pub admin_address: SocketAddr,
     /// How remotes are probed.
     pub probe: ProbeConfig,
-    /// The cycle loop.
+    /// The cycle loop, `rebuildOnRecovery` included.
     pub supervisor: SupervisorConfig,
-    /// Whether a recovered remote ends the cycle, so clients reconnect fresh.
-    pub rebuild_on_recovery: bool,
     /// The remotes, in file order.
     pub remotes: Vec<RemoteSpec>,
     /// What the built-in manager caches.
@@ -152,6 +150,7 @@ struct RawProbe {
     success_threshold: Option<u32>,
     jitter: Option<f64>,
     unreachable_statuses: Option<Vec<u16>>,
+    max_connection_age: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -194,30 +193,31 @@ struct RawWatch {
     label_selector: Option<String>,
 }
 
-/// Parses `10s`, `500ms`, `2m`, `1h`.
+/// The longest duration the configuration takes. No setting sensibly needs
+/// more, and far larger values would overflow the timers' arithmetic.
+const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
+
+/// Parses a duration: `500ms`, `10s`, `2m`, `1h30m`, `1.5s`. The grammar is
+/// jiff's "friendly" format, the same the test kit's faults take. At most
+/// 24h.
 ///
 /// # Errors
 ///
-/// A message saying what a duration looks like.
+/// A message saying what a duration looks like, or that it is too long.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let bad = || {
-        format!(
-            "invalid duration {text:?}: expected a whole number and a unit, like 500ms, 10s, 2m or 1h"
-        )
-    };
-    let number: u64 = number.parse().map_err(|_| bad())?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(number)),
-        "s" => Ok(Duration::from_secs(number)),
-        "m" => Ok(Duration::from_secs(number * 60)),
-        "h" => Ok(Duration::from_secs(number * 3600)),
-        _ => Err(bad()),
+    let duration = jiff::fmt::friendly::SpanParser::new()
+        .parse_unsigned_duration(text.trim())
+        .map_err(|err| {
+            format!(
+                "invalid duration {text:?}: write a number and a unit, like 500ms, 10s, 2m or 1h30m ({err})"
+            )
+        })?;
+    if duration > MAX_DURATION {
+        return Err(format!(
+            "{text:?} is longer than 24h, the most tether takes"
+        ));
     }
+    Ok(duration)
 }
 
 /// A remote name is a Prometheus label value and a log field: keep it to
@@ -275,6 +275,11 @@ impl Checker<'_> {
             success_threshold: raw.success_threshold.unwrap_or(defaults.success_threshold),
             jitter: raw.jitter.unwrap_or(defaults.jitter),
             unreachable_statuses: raw.unreachable_statuses.unwrap_or_default(),
+            max_connection_age: self.duration(
+                "probe.maxConnectionAge",
+                raw.max_connection_age.as_ref(),
+                defaults.max_connection_age,
+            )?,
         };
         config.validate().map_err(|err| match err {
             tether_probes::Error::InvalidConfig { field, reason } => self.error(field, reason),
@@ -283,7 +288,7 @@ impl Checker<'_> {
         Ok(config)
     }
 
-    fn supervisor(&self, raw: RawSupervisor) -> Result<(SupervisorConfig, bool), ConfigError> {
+    fn supervisor(&self, raw: RawSupervisor) -> Result<SupervisorConfig, ConfigError> {
         let defaults = SupervisorConfig::default();
         let backoff = raw.backoff.unwrap_or_default();
         let config = SupervisorConfig::default()
@@ -310,7 +315,11 @@ impl Checker<'_> {
                 "supervisor.shutdownGrace",
                 raw.shutdown_grace.as_ref(),
                 defaults.shutdown_grace,
-            )?);
+            )?)
+            .with_rebuild_on_recovery(
+                raw.rebuild_on_recovery
+                    .unwrap_or(defaults.rebuild_on_recovery),
+            );
         config.validate().map_err(|err| match err {
             tether_supervisor::Error::InvalidConfig { field, reason } => {
                 self.error(format!("supervisor.{field}"), reason)
@@ -320,7 +329,7 @@ impl Checker<'_> {
                 self.error("supervisor", other.to_string())
             }
         })?;
-        Ok((config, raw.rebuild_on_recovery.unwrap_or(true)))
+        Ok(config)
     }
 
     fn remotes(&self, raw: Vec<RawRemote>) -> Result<Vec<RemoteSpec>, ConfigError> {
@@ -457,30 +466,40 @@ impl Checker<'_> {
     }
 }
 
-/// The key whose value a parse error points at: serde-saphyr's messages
-/// say `line L column C` but, for a wrong type, not which field; the key is
-/// the last `name:` before that column.
-fn key_near_error(text: &str, message: &str) -> Option<String> {
-    let rest = message.split_once("line ")?.1;
-    let (line, rest) = rest.split_once(" column ")?;
-    let line: usize = line.trim().parse().ok()?;
-    let column: usize = rest
-        .split(|c: char| !c.is_ascii_digit())
-        .next()?
-        .parse()
-        .ok()?;
-    let source = text.lines().nth(line.checked_sub(1)?)?;
-    let before: String = source.chars().take(column.saturating_sub(1)).collect();
-    let colon = before.trim_end().strip_suffix(':')?;
-    let key: String = colon
-        .chars()
-        .rev()
-        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-        .collect::<Vec<_>>()
-        .into_iter()
-        .rev()
-        .collect();
-    (!key.is_empty()).then(|| format!("(syntax) at {key}"))
+/// A parse error at `path` (`probe.jitter`, `remotes[1].name`), as a
+/// [`ConfigError`]: an unknown key gets the closest known one as a
+/// suggestion, anything else serde-saphyr's message and where it is.
+fn parse_error(file: &str, path: &str, err: &serde_saphyr::Error) -> ConfigError {
+    let message = match err.without_snippet() {
+        serde_saphyr::Error::SerdeUnknownField {
+            field, expected, ..
+        } => {
+            let closest = expected
+                .iter()
+                .map(|known| (strsim::jaro_winkler(field, known), *known))
+                .max_by(|a, b| a.0.total_cmp(&b.0))
+                .filter(|(score, _)| *score > 0.8);
+            match closest {
+                Some((_, known)) => format!("unknown field; did you mean {known}?"),
+                None => format!("unknown field; known fields: {}", expected.join(", ")),
+            }
+        }
+        other => other
+            .to_string()
+            .lines()
+            .next()
+            .unwrap_or("invalid YAML")
+            .to_owned(),
+    };
+    ConfigError {
+        file: file.to_owned(),
+        field: if path.is_empty() || path == "." {
+            "(document)".to_owned()
+        } else {
+            path.to_owned()
+        },
+        message,
+    }
 }
 
 /// The default watch list: namespaces, enough to prove a remote's watch
@@ -525,19 +544,16 @@ impl Config {
         let raw: RawConfig = if text.trim().is_empty() {
             RawConfig::default()
         } else {
-            serde_saphyr::from_str(text).map_err(|e| {
-                let message = e
-                    .to_string()
-                    .lines()
-                    .next()
-                    .unwrap_or("invalid YAML")
-                    .to_owned();
-                ConfigError {
-                    file: file.to_owned(),
-                    field: key_near_error(text, &message).unwrap_or_else(|| "(syntax)".to_owned()),
-                    message,
-                }
-            })?
+            // serde_path_to_error follows the keys and indices down to the
+            // error, which serde-saphyr's own message does not name.
+            let mut path = String::new();
+            serde_saphyr::with_deserializer_from_str(text, |deserializer| {
+                serde_path_to_error::deserialize(deserializer).map_err(|err| {
+                    path = err.path().to_string();
+                    err.into_inner()
+                })
+            })
+            .map_err(|err| parse_error(file, &path, &err))?
         };
         let check = Checker { file, base };
         let admin_address = raw
@@ -551,8 +567,7 @@ impl Config {
             )
         })?;
         let probe = check.probe(raw.probe.unwrap_or_default())?;
-        let (supervisor, rebuild_on_recovery) =
-            check.supervisor(raw.supervisor.unwrap_or_default())?;
+        let supervisor = check.supervisor(raw.supervisor.unwrap_or_default())?;
         let remotes = check.remotes(raw.remotes.unwrap_or_default())?;
         // Absent: the default. An explicit empty list watches nothing.
         let watch = match raw.watch {
@@ -564,7 +579,6 @@ impl Config {
             admin_address,
             probe,
             supervisor,
-            rebuild_on_recovery,
             remotes,
             watch,
         })
@@ -579,7 +593,6 @@ impl Config {
             admin_address: SocketAddr::from(([0, 0, 0, 0], 9090)),
             probe: ProbeConfig::default(),
             supervisor: SupervisorConfig::default(),
-            rebuild_on_recovery: true,
             remotes: vec![RemoteSpec {
                 name: "default".to_owned(),
                 required: true,
@@ -637,22 +650,63 @@ mod tests {
     fn durations_parse_with_units() {
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
         assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
-        for bad in ["10", "s", "1.5s", "10x", ""] {
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("24h"), Ok(Duration::from_secs(86400)));
+        for bad in ["10", "s", "10x", "", "-1s", "PT10S"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
     }
 
     #[test]
-    fn a_parse_error_names_the_key_it_points_at() {
-        let text = "probe: {failureThreshold: three}";
-        let message = "error: line 1 column 27: invalid u32";
+    fn durations_that_overflow_or_exceed_a_day_are_rejected() {
+        for huge in [
+            "1142673313454786114h",
+            "18446744073709551615s",
+            "307445734561825861m",
+            "25h",
+            "86401s",
+        ] {
+            let err = parse_duration(huge).expect_err(huge);
+            assert!(err.contains(huge), "{err}");
+        }
+    }
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(text, "t.yaml", Path::new("."))
+    }
+
+    const REMOTE: &str = "remotes: [{name: a, server: \"https://h:6443\"}]\n";
+
+    #[test]
+    fn an_unknown_key_names_its_path_and_the_closest_known_one() {
+        let err = parse(&format!("probe:\n  failureTreshold: 3\n{REMOTE}")).expect_err("typo");
         assert_eq!(
-            key_near_error(text, message).as_deref(),
-            Some("(syntax) at failureThreshold")
+            err.to_string(),
+            "t.yaml: probe.failureTreshold: unknown field; did you mean failureThreshold?"
         );
-        assert_eq!(key_near_error(text, "no location"), None);
+        let err = parse(&format!("{REMOTE}zzz: 1\n")).expect_err("unknown");
+        assert_eq!(err.field, "zzz");
+        assert!(err.message.contains("known fields: admin"), "{err}");
+        let err = parse("remotes: [{name: a, server: \"https://h\"}, {name: b, sever: x}]\n")
+            .expect_err("typo");
+        assert_eq!(err.field, "remotes[1].sever");
+        assert!(err.message.ends_with("did you mean server?"), "{err}");
+    }
+
+    #[test]
+    fn a_type_error_names_the_full_path() {
+        let err = parse(&format!(
+            "supervisor: {{backoff: {{jitter: lots}}}}\n{REMOTE}"
+        ))
+        .expect_err("type");
+        assert_eq!(err.field, "supervisor.backoff.jitter");
+        let err = parse(&format!("probe: {{jitter: lots}}\n{REMOTE}")).expect_err("type");
+        assert_eq!(err.field, "probe.jitter");
+        let err =
+            parse(&format!("probe: {{failureThreshold: three}}\n{REMOTE}")).expect_err("type");
+        assert_eq!(err.field, "probe.failureThreshold");
     }
 
     #[test]
@@ -675,7 +729,7 @@ mod tests {
         assert_eq!(config.admin_address, "0.0.0.0:9090".parse().expect("valid"));
         assert_eq!(config.probe, ProbeConfig::default());
         assert_eq!(config.supervisor, SupervisorConfig::default());
-        assert!(config.rebuild_on_recovery);
+        assert!(config.supervisor.rebuild_on_recovery);
         assert!(config.remotes[0].required);
         assert_eq!(config.watch[0].resource_label(), "namespaces");
     }

@@ -8,16 +8,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use prometheus::{IntCounterVec, Opts, Registry};
-use tether_probes::{ProbeSet, ProbeSetHandle, Remote};
-use tether_supervisor::{Cause, ShutdownOutcome, Supervisor, SupervisorHandle};
+use tether_probes::{ProbeSet, ProbeSetHandle};
+use tether_supervisor::{BoxError, Cause, ShutdownOutcome, Supervisor, SupervisorHandle};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::admin::{self, Admin};
+use crate::admin::{self, Admin, Heartbeats, Sources};
 use crate::config::{Config, ConfigError};
-use crate::manager::{ManagedRemote, ManagerHandle, WatchManager};
+use crate::manager::{ManagerHandle, Plan, WatchManager};
 use crate::remote;
 
 /// Why the daemon could not start. Nothing is left running.
@@ -35,9 +35,15 @@ pub enum StartError {
         #[source]
         source: std::io::Error,
     },
-    /// Metrics or the supervisor could not be set up.
-    #[error("setting up failed: {0}")]
-    Setup(String),
+    /// Metrics, probes or the supervisor could not be set up.
+    #[error("setting up the {what} failed")]
+    Setup {
+        /// What was being set up.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: BoxError,
+    },
 }
 
 /// How often the config file is checked for changes. ConfigMap mounts swap a
@@ -64,21 +70,11 @@ pub struct Daemon {
     admin_stop: CancellationToken,
 }
 
-fn managed(config: &Config, remotes: &[Remote]) -> Vec<ManagedRemote> {
-    config
-        .remotes
-        .iter()
-        .zip(remotes)
-        .map(|(spec, remote)| ManagedRemote {
-            name: spec.name.clone(),
-            required: spec.required,
-            config: remote.config.clone(),
-        })
-        .collect()
-}
-
-fn setup<E: std::fmt::Display>(what: &str) -> impl Fn(E) -> StartError + '_ {
-    move |err| StartError::Setup(format!("{what}: {err}"))
+fn setup<E: Into<BoxError>>(what: &'static str) -> impl Fn(E) -> StartError {
+    move |err| StartError::Setup {
+        what,
+        source: err.into(),
+    }
 }
 
 impl Daemon {
@@ -89,7 +85,7 @@ impl Daemon {
     /// [`StartError`]; the process should exit 2 for a config error, and
     /// non-zero otherwise.
     pub async fn start(config: Config) -> Result<Self, StartError> {
-        let remotes = remote::remotes(&config).await?;
+        let remotes = remote::resolve(&config).await?;
         // Bind first: never run without health endpoints.
         let listener =
             admin::bind(config.admin_address)
@@ -125,29 +121,38 @@ impl Daemon {
             .map_err(setup("reload metrics"))?;
 
         let probe_set = ProbeSet::new(config.probe.clone(), &registry).map_err(setup("probes"))?;
-        probe_set.sync(&remotes).map_err(setup("probes"))?;
+        probe_set
+            .sync(&remote::probed(&remotes))
+            .map_err(setup("probes"))?;
         let probes = probe_set.handle();
         let manager = WatchManager::new(
             &registry,
             probes.clone(),
-            managed(&config, &remotes),
-            config.watch.clone(),
-            config.rebuild_on_recovery,
+            Plan {
+                remotes,
+                watch: config.watch.clone(),
+            },
+            config.probe.detection_bound(),
         )
         .map_err(setup("manager metrics"))?;
         let manager_handle = manager.handle();
-        let supervisor =
-            Supervisor::new(manager, config.supervisor, &registry).map_err(setup("supervisor"))?;
+        let supervisor = Supervisor::new(manager, config.supervisor, &registry)
+            .map_err(setup("supervisor"))?
+            .end_cycles_on(probes.signals());
         let supervisor_handle = supervisor.handle();
         let draining = Arc::new(AtomicBool::new(false));
         let admin = Admin::new(
             registry,
-            supervisor_handle.clone(),
-            probes.clone(),
-            manager_handle.clone(),
-            Arc::clone(&draining),
-            config.probe.interval,
-            config.supervisor.heartbeat,
+            Sources {
+                supervisor: supervisor_handle.clone(),
+                probes: probes.clone(),
+                manager: manager_handle.clone(),
+                draining: Arc::clone(&draining),
+            },
+            Heartbeats {
+                probes: config.probe.interval,
+                supervisor: config.supervisor.heartbeat,
+            },
         )
         .map_err(setup("admin metrics"))?;
 
@@ -198,20 +203,18 @@ impl Daemon {
 
     async fn try_reload(&mut self, path: &Path) -> Result<(), ConfigError> {
         let next = Config::load(path)?;
-        let remotes = remote::remotes(&next).await?;
-        self.probe_set.sync(&remotes).map_err(|err| ConfigError {
-            file: next.label(),
-            field: "remotes".to_owned(),
-            message: err.to_string(),
-        })?;
+        let remotes = remote::resolve(&next).await?;
+        self.probe_set
+            .sync(&remote::probed(&remotes))
+            .map_err(|err| ConfigError {
+                file: next.label(),
+                field: "remotes".to_owned(),
+                message: err.to_string(),
+            })?;
         for (changed, what) in [
             (next.admin_address != self.config.admin_address, "admin"),
             (next.probe != self.config.probe, "probe"),
-            (
-                next.supervisor != self.config.supervisor
-                    || next.rebuild_on_recovery != self.config.rebuild_on_recovery,
-                "supervisor",
-            ),
+            (next.supervisor != self.config.supervisor, "supervisor"),
         ] {
             if changed {
                 warn!(
@@ -220,10 +223,17 @@ impl Daemon {
                 );
             }
         }
-        self.manager
-            .update(managed(&next, &remotes), next.watch.clone());
-        self.manager.end_cycle(Cause::ConfigChanged);
-        info!(remotes = next.remotes.len(), config = %next.label(), "config reloaded and applied");
+        self.manager.update(Plan {
+            remotes,
+            watch: next.watch.clone(),
+        });
+        let ended = self.supervisor.end_cycle(Cause::ConfigChanged);
+        info!(
+            remotes = next.remotes.len(),
+            config = %next.label(),
+            "config reloaded and applied{}",
+            if ended { "; the cycle ends" } else { "; the next cycle runs it" }
+        );
         self.config = next;
         Ok(())
     }

@@ -51,7 +51,10 @@ struct Seen {
 
 impl Narrator {
     fn say(&self, line: &str) {
-        println!("[{:6.1}s] {line}", self.started.elapsed().as_secs_f64());
+        crate::stdout::write(&format!(
+            "[{:6.1}s] {line}\n",
+            self.started.elapsed().as_secs_f64()
+        ));
     }
 }
 

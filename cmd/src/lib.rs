@@ -8,3 +8,4 @@ pub mod daemon;
 pub mod demo;
 pub mod manager;
 pub mod remote;
+pub mod stdout;

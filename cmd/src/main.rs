@@ -5,6 +5,7 @@
 //! unreachable remote); 2 bad input (configuration, flags), with nothing
 //! started.
 
+use std::fmt::Write as _;
 use std::io::IsTerminal as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -14,7 +15,8 @@ use tether_probes::{Identity, Outcome, ProbeResult};
 
 use tether::config::{Config, ConfigError};
 use tether::daemon::{Daemon, StartError};
-use tether::remote;
+use tether::remote::{self, ResolvedRemote};
+use tether::stdout;
 
 /// Keeps a multi-cluster Kubernetes controller attached to the remote
 /// apiservers it watches.
@@ -119,8 +121,8 @@ fn start_failed(err: &StartError) -> ExitCode {
             eprintln!("tether: cannot listen on the admin address {addr}: {source}");
             ExitCode::from(2)
         }
-        StartError::Setup(_) => {
-            eprintln!("tether: {err}");
+        StartError::Setup { .. } => {
+            eprintln!("tether: {}", tether_supervisor::error_chain(err));
             ExitCode::FAILURE
         }
     }
@@ -142,7 +144,7 @@ async fn demo(args: &DemoArgs) -> ExitCode {
         Ok(code) => ExitCode::from(code),
         Err(tether::demo::DemoError::Start(err)) => start_failed(&err),
         Err(err) => {
-            eprintln!("tether demo: {err}");
+            eprintln!("tether demo: {}", tether_supervisor::error_chain(&err));
             ExitCode::FAILURE
         }
     }
@@ -162,14 +164,16 @@ fn load(args: &ConfigArgs) -> Result<Config, ConfigError> {
 }
 
 /// The config and every remote's kube config, or the exit for bad input.
-async fn load_with_remotes(
-    args: &ConfigArgs,
-) -> Result<(Config, Vec<tether_probes::Remote>), ExitCode> {
+async fn load_with_remotes(args: &ConfigArgs) -> Result<(Config, Vec<ResolvedRemote>), ExitCode> {
     let config = load(args).map_err(|err| bad_input(&err))?;
-    let remotes = remote::remotes(&config)
+    let remotes = remote::resolve(&config)
         .await
         .map_err(|err| bad_input(&err))?;
     Ok((config, remotes))
+}
+
+fn gate(required: bool) -> &'static str {
+    if required { "required" } else { "optional" }
 }
 
 async fn validate(args: &ConfigArgs) -> ExitCode {
@@ -177,21 +181,26 @@ async fn validate(args: &ConfigArgs) -> ExitCode {
         Ok(loaded) => loaded,
         Err(exit) => return exit,
     };
-    println!("configuration: {} is valid", config.label());
-    println!("admin address: {}", config.admin_address);
+    let mut out = String::new();
+    let _ = writeln!(out, "configuration: {} is valid", config.label());
+    let _ = writeln!(out, "admin address: {}", config.admin_address);
     let p = &config.probe;
-    println!(
-        "probe: GET {} every {:?} ±{:.0}%, timeout {:?}, unreachable after {} failures, reachable after {} successes, unreachable statuses {:?}",
+    let _ = writeln!(
+        out,
+        "probe: GET {} every {:?} ±{:.0}%, timeout {:?}, unreachable after {} failures, reachable after {} successes, unreachable statuses {:?}, a new connection at least every {:?}; a dead remote is found within {:?}",
         p.path,
         p.interval,
         p.jitter * 100.0,
         p.timeout,
         p.failure_threshold,
         p.success_threshold,
-        p.unreachable_statuses
+        p.unreachable_statuses,
+        p.max_connection_age,
+        p.detection_bound(),
     );
     let s = &config.supervisor;
-    println!(
+    let _ = writeln!(
+        out,
         "supervisor: backoff {:?}..{:?} ×{} ±{:.0}%, stable after {:?}, shutdown grace {:?}, rebuild on recovery: {}",
         s.backoff.initial,
         s.backoff.max,
@@ -199,18 +208,22 @@ async fn validate(args: &ConfigArgs) -> ExitCode {
         s.backoff.jitter * 100.0,
         s.stable_after,
         s.shutdown_grace,
-        config.rebuild_on_recovery
+        s.rebuild_on_recovery
     );
-    println!("remotes:");
+    let _ = writeln!(
+        out,
+        "remotes (required: gates /readyz, its loss ends the cycle; optional: its loss restarts only its own watches):"
+    );
     for spec in &config.remotes {
-        let gate = if spec.required {
-            "required"
-        } else {
-            "optional"
-        };
-        println!("  {} ({gate}): {}", spec.name, spec.source);
+        let _ = writeln!(
+            out,
+            "  {} ({}): {}",
+            spec.name,
+            gate(spec.required),
+            spec.source
+        );
     }
-    println!("watch:");
+    let _ = writeln!(out, "watch:");
     for watch in &config.watch {
         let scope = watch
             .namespace
@@ -220,9 +233,13 @@ async fn validate(args: &ConfigArgs) -> ExitCode {
             .label_selector
             .as_deref()
             .map_or(String::new(), |l| format!(", labels {l}"));
-        println!("  {} {} ({scope}{selector})", watch.api_version, watch.kind);
+        let _ = writeln!(
+            out,
+            "  {} {} ({scope}{selector})",
+            watch.api_version, watch.kind
+        );
     }
-    println!("probe identities (each probed once):");
+    let _ = writeln!(out, "probe identities (each probed once):");
     let mut identities: std::collections::BTreeMap<Identity, Vec<&str>> =
         std::collections::BTreeMap::new();
     for remote in &remotes {
@@ -247,8 +264,9 @@ async fn validate(args: &ConfigArgs) -> ExitCode {
         } else {
             format!(", CA {:016x}", identity.ca_hash)
         };
-        println!("  {}{tls}{ca}: {}", identity.url, names.join(", "));
+        let _ = writeln!(out, "  {}{tls}{ca}: {}", identity.url, names.join(", "));
     }
+    stdout::write(&out);
     ExitCode::SUCCESS
 }
 
@@ -265,30 +283,40 @@ async fn check(args: &ConfigArgs) -> ExitCode {
         Ok(loaded) => loaded,
         Err(exit) => return exit,
     };
-    let rows = match tether_probes::check(&remotes, &config.probe).await {
+    let rows = match tether_probes::check(&remote::probed(&remotes), &config.probe).await {
         Ok(rows) => rows,
         Err(err) => {
             eprintln!("tether: invalid configuration: {err}");
             return ExitCode::from(2);
         }
     };
+    let required: std::collections::BTreeSet<&str> = remotes
+        .iter()
+        .filter(|r| r.required)
+        .map(|r| r.name.as_str())
+        .collect();
     let width = rows.iter().map(|r| r.name.len()).max().unwrap_or(4).max(4);
     let host_width = rows.iter().map(|r| r.host.len()).max().unwrap_or(4).max(4);
-    println!(
-        "{:width$}  {:host_width$}  {:11}  {:>9}  STATUS/CAUSE",
-        "NAME", "HOST", "STATE", "LATENCY"
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:width$}  {:host_width$}  {:8}  {:11}  {:>9}  STATUS/CAUSE",
+        "NAME", "HOST", "GATE", "STATE", "LATENCY"
     );
     let mut all_reachable = true;
     for row in &rows {
         let (state, detail) = describe(&row.result);
         all_reachable &= state == "reachable";
-        println!(
-            "{:width$}  {:host_width$}  {state:11}  {:>7.1}ms  {detail}",
+        let _ = writeln!(
+            out,
+            "{:width$}  {:host_width$}  {:8}  {state:11}  {:>7.1}ms  {detail}",
             row.name,
             row.host,
+            gate(required.contains(row.name.as_str())),
             row.result.latency.as_secs_f64() * 1000.0
         );
     }
+    stdout::write(&out);
     if all_reachable {
         ExitCode::SUCCESS
     } else {

@@ -3,79 +3,122 @@
 //!
 //! # Invariants
 //!
-//! - Every task the manager starts belongs to its cycle, and is aborted and
-//!   awaited before `run` returns: no task outlives its cycle.
-//! - The manager reports itself up once every cache of every *required*
-//!   remote has synced in this cycle, and `tether_watch_synced` is reset to 0
-//!   when a cycle starts.
-//! - It ends its cycle with `remote_lost` when a remote it uses becomes
-//!   unreachable during the cycle, and with `remote_recovered` when one comes
-//!   back (if configured).
+//! - Every task the manager starts belongs to its cycle, and ends before
+//!   `run` returns: no task outlives its cycle.
+//! - Each remote's reflectors run under the runs of the remote's scope. The
+//!   loss of an optional remote stops only them; they start again, with a
+//!   new client and unsynced caches, when it is back.
+//! - A cache is *current* while it has listed in this run and its watch has
+//!   not been failing for longer than `stale_after` (the probes' detection
+//!   bound). The manager reports itself up while every cache of every
+//!   *required* remote is current: readiness is decided here, once.
+//! - A list or watch that fails at the transport makes the probes check
+//!   that remote at once on a new connection ([`ProbeSetHandle::suspect`]).
 //! - Remotes and watch types are read afresh at each cycle's start, so a
 //!   reload takes effect in the next cycle.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
 
 use futures_util::StreamExt as _;
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::{WatchStreamExt as _, reflector, watcher};
 use prometheus::{IntGaugeVec, Opts, Registry};
-use tether_probes::{CycleEnd, ProbeSetHandle, next_cycle_end};
-use tether_supervisor::{Cause, CycleToken, ManagerError, ManagerFactory};
+use tether_probes::ProbeSetHandle;
+use tether_supervisor::{
+    CycleToken, ManagerError, ManagerFactory, RemoteScope, UsedRemote, UsedRemotes,
+};
 use tokio::sync::mpsc;
-use tokio::task::JoinSet;
+use tokio::task::{JoinError, JoinSet};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::config::WatchSpec;
+use crate::remote::ResolvedRemote;
 
-/// A remote as the manager uses it.
-#[derive(Clone)]
-pub struct ManagedRemote {
-    /// The configured name.
-    pub name: String,
-    /// Whether its caches gate readiness.
-    pub required: bool,
-    /// Its connection settings (credentials included; never logged).
-    pub config: kube::Config,
+/// What went wrong in the manager.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// kube could not build a remote's client.
+    #[error("building the client of remote {remote} failed")]
+    Client {
+        /// The remote's name.
+        remote: String,
+        /// Why.
+        #[source]
+        source: kube::Error,
+    },
+    /// A reflector ended although nothing stopped it: a bug.
+    #[error("a watch of remote {remote} ended by itself")]
+    WatchEnded {
+        /// The remote's name.
+        remote: String,
+    },
+    /// A reflector panicked.
+    #[error("a watch of remote {remote} panicked")]
+    WatchPanicked {
+        /// The remote's name.
+        remote: String,
+        /// The panic.
+        #[source]
+        source: JoinError,
+    },
 }
 
-impl std::fmt::Debug for ManagedRemote {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ManagedRemote")
-            .field("name", &self.name)
-            .field("required", &self.required)
-            .finish_non_exhaustive()
-    }
-}
-
-/// The state of one cache in the current cycle.
+/// The state of one cache in the current run of its remote.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct CacheState {
-    /// Whether its initial list completed this cycle.
+    /// Whether its initial list completed in this run.
     pub synced: bool,
     /// Objects in the cache.
     pub objects: usize,
+    /// Since when its list or watch has been failing, if it is.
+    pub failing_since: Option<SystemTime>,
+    /// Whether it has been failing for longer than the detection bound, so
+    /// its objects may be out of date.
+    pub stale: bool,
+}
+
+impl CacheState {
+    /// Synced, and not stale: what readiness needs of a required cache.
+    #[must_use]
+    pub fn current(&self) -> bool {
+        self.synced && !self.stale
+    }
 }
 
 /// Caches by `(remote, resource)`.
 pub type Caches = BTreeMap<(String, String), CacheState>;
 
-#[derive(Debug)]
-struct Plan {
-    remotes: Vec<ManagedRemote>,
-    watch: Vec<WatchSpec>,
+/// What the manager runs: the remotes, and what it caches on each.
+#[derive(Debug, Clone, Default)]
+pub struct Plan {
+    /// The remotes, in config order.
+    pub remotes: Vec<ResolvedRemote>,
+    /// The resource types cached on every remote.
+    pub watch: Vec<WatchSpec>,
+}
+
+impl Plan {
+    /// The remotes the manager uses: none when it watches nothing.
+    fn used(&self) -> &[ResolvedRemote] {
+        if self.watch.is_empty() {
+            &[]
+        } else {
+            &self.remotes
+        }
+    }
 }
 
 #[derive(Debug)]
 struct Shared {
     plan: Mutex<Arc<Plan>>,
     caches: Mutex<Caches>,
-    current: Mutex<Option<CycleToken>>,
     probes: ProbeSetHandle,
-    rebuild_on_recovery: bool,
+    stale_after: Duration,
     objects: IntGaugeVec,
     synced: IntGaugeVec,
 }
@@ -90,16 +133,37 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Shared {
     fn set_cache(&self, remote: &str, resource: &str, state: CacheState) {
         lock(&self.caches).insert((remote.to_owned(), resource.to_owned()), state);
+        self.export(remote, resource, state);
+    }
+
+    fn export(&self, remote: &str, resource: &str, state: CacheState) {
         self.synced
             .with_label_values(&[remote, resource])
-            .set(i64::from(state.synced));
+            .set(i64::from(state.current()));
         self.objects
             .with_label_values(&[remote, resource])
             .set(i64::try_from(state.objects).unwrap_or(i64::MAX));
     }
 
-    /// Resets the caches for a new plan: series of pairs no longer planned are
-    /// deleted, the rest start unsynced.
+    /// Marks `remote`'s caches as not yet synced in a new run; their objects
+    /// stay counted until the next list.
+    fn unsync(&self, remote: &str, watch: &[WatchSpec]) {
+        let mut caches = lock(&self.caches);
+        for spec in watch {
+            let resource = spec.resource_label();
+            let state = caches
+                .entry((remote.to_owned(), resource.clone()))
+                .or_default();
+            *state = CacheState {
+                objects: state.objects,
+                ..CacheState::default()
+            };
+            self.export(remote, &resource, *state);
+        }
+    }
+
+    /// Resets the caches for a new cycle's plan: series of pairs no longer
+    /// planned are deleted, the rest start unsynced.
     fn reset_caches(&self, plan: &Plan) {
         let wanted: BTreeSet<(String, String)> = plan
             .remotes
@@ -110,8 +174,7 @@ impl Shared {
                     .map(|w| (r.name.clone(), w.resource_label()))
             })
             .collect();
-        let mut caches = lock(&self.caches);
-        caches.retain(|(remote, resource), _| {
+        lock(&self.caches).retain(|(remote, resource), _| {
             let keep = wanted.contains(&(remote.clone(), resource.clone()));
             if !keep {
                 let _ = self.synced.remove_label_values(&[remote, resource]);
@@ -119,15 +182,8 @@ impl Shared {
             }
             keep
         });
-        for (remote, resource) in wanted {
-            let state = caches
-                .entry((remote.clone(), resource.clone()))
-                .or_default();
-            state.synced = false;
-            self.synced.with_label_values(&[&remote, &resource]).set(0);
-            self.objects
-                .with_label_values(&[&remote, &resource])
-                .set(i64::try_from(state.objects).unwrap_or(i64::MAX));
+        for remote in &plan.remotes {
+            self.unsync(&remote.name, &plan.watch);
         }
     }
 }
@@ -145,7 +201,9 @@ pub struct ManagerHandle {
 }
 
 impl WatchManager {
-    /// A manager over `remotes` and `watch`, its metrics in `registry`.
+    /// A manager that runs `plan`, its metrics in `registry`. It suspects a
+    /// remote to `probes` when it cannot reach it, and counts a cache as
+    /// stale once its watch has failed for longer than `stale_after`.
     ///
     /// # Errors
     ///
@@ -153,9 +211,8 @@ impl WatchManager {
     pub fn new(
         registry: &Registry,
         probes: ProbeSetHandle,
-        remotes: Vec<ManagedRemote>,
-        watch: Vec<WatchSpec>,
-        rebuild_on_recovery: bool,
+        plan: Plan,
+        stale_after: Duration,
     ) -> prometheus::Result<Self> {
         let objects = IntGaugeVec::new(
             Opts::new("tether_watch_objects", "Objects in the manager's cache."),
@@ -164,18 +221,17 @@ impl WatchManager {
         let synced = IntGaugeVec::new(
             Opts::new(
                 "tether_watch_synced",
-                "1 when that cache has synced this cycle.",
+                "1 while that cache has synced this cycle and its watch has not failed for longer than the detection bound.",
             ),
             &["remote", "resource"],
         )?;
         registry.register(Box::new(objects.clone()))?;
         registry.register(Box::new(synced.clone()))?;
         let shared = Arc::new(Shared {
-            plan: Mutex::new(Arc::new(Plan { remotes, watch })),
+            plan: Mutex::new(Arc::new(plan)),
             caches: Mutex::default(),
-            current: Mutex::default(),
             probes,
-            rebuild_on_recovery,
+            stale_after,
             objects,
             synced,
         });
@@ -193,16 +249,9 @@ impl WatchManager {
 }
 
 impl ManagerHandle {
-    /// Replaces the remotes and watch types; the next cycle uses them.
-    pub fn update(&self, remotes: Vec<ManagedRemote>, watch: Vec<WatchSpec>) {
-        *lock(&self.shared.plan) = Arc::new(Plan { remotes, watch });
-    }
-
-    /// Ends the running cycle with `cause`, if one runs.
-    pub fn end_cycle(&self, cause: Cause) {
-        if let Some(cycle) = lock(&self.shared.current).as_ref() {
-            cycle.cancel(cause);
-        }
+    /// Replaces the plan; the next cycle runs it.
+    pub fn update(&self, plan: Plan) {
+        *lock(&self.shared.plan) = Arc::new(plan);
     }
 
     /// The caches as they are now.
@@ -223,31 +272,6 @@ impl ManagerHandle {
     }
 }
 
-/// Ends `cycle` when a remote for which `uses` is true is lost, or recovers
-/// (with `rebuild_on_recovery`); returns once the cycle is cancelled for any
-/// reason. Subscribe before the cycle's work starts, so that only
-/// transitions during the cycle count.
-///
-/// # Cancellation safety
-///
-/// Cancel safe: it only reads transitions and cancels the cycle.
-pub async fn end_cycle_on_transitions(
-    cycle: &CycleToken,
-    transitions: &mut tokio::sync::broadcast::Receiver<tether_probes::Transition>,
-    uses: impl Fn(&str) -> bool,
-    rebuild_on_recovery: bool,
-) {
-    tokio::select! {
-        () = cycle.cancelled() => {}
-        end = next_cycle_end(transitions, uses, rebuild_on_recovery) => match end {
-            Some(CycleEnd::Lost(remote)) => { cycle.cancel(Cause::remote_lost(remote)); }
-            Some(CycleEnd::Recovered(remote)) => { cycle.cancel(Cause::remote_recovered(remote)); }
-            // The probe set is gone: nothing more will end the cycle from there.
-            None => cycle.cancelled().await,
-        },
-    }
-}
-
 fn api_resource(spec: &WatchSpec) -> ApiResource {
     let (group, version) = spec
         .api_version
@@ -262,140 +286,263 @@ fn api_resource(spec: &WatchSpec) -> ApiResource {
     }
 }
 
-/// Runs one reflector until `stop`, keeping its cache state current.
-async fn reflect(
-    client: kube::Client,
+fn client(remote: &ResolvedRemote) -> Result<kube::Client, Error> {
+    kube::Client::try_from(remote.config.clone()).map_err(|source| Error::Client {
+        remote: remote.name.clone(),
+        source,
+    })
+}
+
+/// A change of a cache's state, for the manager's readiness.
+#[derive(Debug)]
+struct Change {
+    cache: (String, String),
+    current: bool,
+}
+
+/// One reflector: a remote's cache of one resource type.
+struct Cache {
     remote: String,
     spec: WatchSpec,
+    client: kube::Client,
     shared: Arc<Shared>,
-    synced_tx: mpsc::UnboundedSender<(String, String)>,
-    stop: CancellationToken,
-) {
-    let resource = spec.resource_label();
-    let ar = api_resource(&spec);
-    let api: Api<DynamicObject> = match &spec.namespace {
-        Some(ns) => Api::namespaced_with(client, ns, &ar),
-        None => Api::all_with(client, &ar),
-    };
-    let mut config = watcher::Config::default();
-    if let Some(selector) = &spec.label_selector {
-        config = config.labels(selector);
+    changes: mpsc::UnboundedSender<Change>,
+}
+
+/// The kube error inside a watcher error, if the request itself failed.
+fn request_error(err: &watcher::Error) -> Option<&kube::Error> {
+    match err {
+        watcher::Error::InitialListFailed(err)
+        | watcher::Error::WatchStartFailed(err)
+        | watcher::Error::WatchFailed(err) => Some(err),
+        watcher::Error::WatchError(_) | watcher::Error::NoResourceVersion => None,
     }
-    let writer = Writer::new(ar);
-    let reader = writer.as_reader();
-    let stream = reflector(writer, watcher(api, config)).default_backoff();
-    let mut stream = std::pin::pin!(stream);
-    let mut state = CacheState::default();
-    let mut failing = false;
-    loop {
-        let event = tokio::select! {
-            () = stop.cancelled() => return,
-            event = stream.next() => event,
+}
+
+impl Cache {
+    /// Runs the reflector until `stop`, keeping its cache state current.
+    async fn run(self, stop: CancellationToken) {
+        let resource = self.spec.resource_label();
+        let remote = self.remote.as_str();
+        let ar = api_resource(&self.spec);
+        let api: Api<DynamicObject> = match &self.spec.namespace {
+            Some(ns) => Api::namespaced_with(self.client.clone(), ns, &ar),
+            None => Api::all_with(self.client.clone(), &ar),
         };
-        match event {
-            None => return,
-            Some(Ok(event)) => {
-                if failing {
-                    info!(%remote, %resource, "watch works again");
-                    failing = false;
+        let mut config = watcher::Config::default();
+        if let Some(selector) = &self.spec.label_selector {
+            config = config.labels(selector);
+        }
+        let writer = Writer::new(ar);
+        let reader = writer.as_reader();
+        let stream = reflector(writer, watcher(api, config)).default_backoff();
+        let mut stream = std::pin::pin!(stream);
+        let mut state = CacheState::default();
+        // When a failing watch makes the cache stale.
+        let mut stale_at: Option<Instant> = None;
+        loop {
+            let before = state;
+            let event = tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep_until(stale_at.unwrap_or_else(Instant::now)), if stale_at.is_some() => {
+                    stale_at = None;
+                    state.stale = true;
+                    warn!(%remote, %resource, failing_for = ?self.shared.stale_after, "cache stale: its watch has failed for longer than the probes take to find a dead remote");
+                    self.publish(&resource, before, state);
+                    continue;
                 }
-                state.objects = reader.len();
-                if matches!(event, watcher::Event::InitDone) && !state.synced {
-                    state.synced = true;
-                    debug!(%remote, %resource, objects = state.objects, "cache synced");
-                    let _ = synced_tx.send((remote.clone(), resource.clone()));
+                event = stream.next() => event,
+            };
+            match event {
+                None => return,
+                Some(Ok(event)) => {
+                    // The watcher says `Init` before it sends the list
+                    // request: nothing has answered yet.
+                    let answered = !matches!(event, watcher::Event::Init);
+                    if answered && state.failing_since.is_some() {
+                        info!(%remote, %resource, "watch works again");
+                        state.failing_since = None;
+                        state.stale = false;
+                        stale_at = None;
+                    }
+                    state.objects = reader.len();
+                    if matches!(event, watcher::Event::InitDone) && !state.synced {
+                        state.synced = true;
+                        debug!(%remote, %resource, objects = state.objects, "cache synced");
+                    }
                 }
-                shared.set_cache(&remote, &resource, state);
+                Some(Err(err)) => {
+                    // A transport failure may be a remote that takes no new
+                    // connections while the probe's kept one still answers.
+                    if request_error(&err)
+                        .and_then(tether_probes::transport_failure)
+                        .is_some()
+                    {
+                        self.shared.probes.suspect(remote);
+                    }
+                    if state.failing_since.is_none() {
+                        warn!(%remote, %resource, error = %tether_probes::root_cause(&err), "watch failing; retrying with backoff");
+                        state.failing_since = Some(SystemTime::now());
+                        // `None` (never stale) only for a bound past the clock's range.
+                        stale_at = Instant::now().checked_add(self.shared.stale_after);
+                    }
+                }
             }
-            Some(Err(err)) => {
-                // The probes report a lost remote once, classified; the
-                // watcher retries with kube's backoff meanwhile.
-                if !failing {
-                    warn!(%remote, %resource, error = %tether_probes::root_cause(&err), "watch failing; retrying with backoff");
-                    failing = true;
-                }
-            }
+            self.publish(&resource, before, state);
+        }
+    }
+
+    fn publish(&self, resource: &str, before: CacheState, now: CacheState) {
+        if before == now {
+            return;
+        }
+        self.shared.set_cache(&self.remote, resource, now);
+        if before.current() != now.current() {
+            // The manager is gone only when its cycle is, and so is this.
+            let _ = self.changes.send(Change {
+                cache: (self.remote.clone(), resource.to_owned()),
+                current: now.current(),
+            });
         }
     }
 }
 
+/// Runs `remote`'s reflectors for every run of its scope. `client` serves
+/// the first run; later runs (after the remote was lost and came back) get
+/// a new one.
+async fn run_remote(
+    remote: ResolvedRemote,
+    plan: Arc<Plan>,
+    mut scope: RemoteScope,
+    mut client: Option<kube::Client>,
+    shared: Arc<Shared>,
+    changes: mpsc::UnboundedSender<Change>,
+) -> Result<(), Error> {
+    while let Some(run) = scope.next_run().await {
+        let client = match client.take() {
+            Some(client) => client,
+            None => self::client(&remote)?,
+        };
+        shared.unsync(&remote.name, &plan.watch);
+        let mut caches = JoinSet::new();
+        for spec in &plan.watch {
+            let cache = Cache {
+                remote: remote.name.clone(),
+                spec: spec.clone(),
+                client: client.clone(),
+                shared: Arc::clone(&shared),
+                changes: changes.clone(),
+            };
+            caches.spawn(cache.run(run.clone()));
+        }
+        tokio::select! {
+            biased;
+            () = run.cancelled() => {}
+            Some(ended) = caches.join_next() => {
+                // A reflector ends only when stopped.
+                caches.shutdown().await;
+                return Err(match ended {
+                    Err(source) if source.is_panic() => Error::WatchPanicked { remote: remote.name, source },
+                    _ => Error::WatchEnded { remote: remote.name },
+                });
+            }
+        }
+        while caches.join_next().await.is_some() {}
+        shared.unsync(&remote.name, &plan.watch);
+    }
+    Ok(())
+}
+
 impl ManagerFactory for WatchManager {
+    fn remotes(&self) -> UsedRemotes {
+        let plan = lock(&self.shared.plan);
+        UsedRemotes::Only(
+            plan.used()
+                .iter()
+                .map(|remote| {
+                    if remote.required {
+                        UsedRemote::ends_cycle(&remote.name)
+                    } else {
+                        UsedRemote::restarts_alone(&remote.name)
+                    }
+                })
+                .collect(),
+        )
+    }
+
     async fn run(&self, cycle: CycleToken) -> Result<(), ManagerError> {
         let shared = &self.shared;
         let plan = Arc::clone(&lock(&shared.plan));
-        *lock(&shared.current) = Some(cycle.clone());
         shared.reset_caches(&plan);
-        // Subscribe first: only transitions during this cycle end it.
-        let mut transitions = shared.probes.subscribe();
 
-        let (synced_tx, mut synced_rx) = mpsc::unbounded_channel();
-        let mut tasks = JoinSet::new();
-        let mut required = BTreeSet::new();
-        // With nothing to watch, no remote is used: no client is built, and
-        // no remote's transitions end the cycle.
-        let used = if plan.watch.is_empty() {
-            &[][..]
-        } else {
-            &plan.remotes[..]
-        };
-        for remote in used {
-            let client = kube::Client::try_from(remote.config.clone()).map_err(|err| {
-                ManagerError::build(format!(
-                    "remote {}: {}",
-                    remote.name,
-                    tether_probes::root_cause(&err)
-                ))
-            })?;
-            for spec in &plan.watch {
-                if remote.required {
-                    required.insert((remote.name.clone(), spec.resource_label()));
-                }
-                tasks.spawn(reflect(
-                    client.clone(),
-                    remote.name.clone(),
-                    spec.clone(),
-                    Arc::clone(shared),
-                    synced_tx.clone(),
-                    cycle.child_token(),
-                ));
-            }
+        // Every client first: a bad one fails the build before anything runs.
+        let mut parts = Vec::new();
+        for remote in plan.used() {
+            // A remote without a scope was added after the supervisor asked
+            // which remotes this cycle uses; the reload that added it ends
+            // this cycle.
+            let Some(scope) = cycle.scope(&remote.name) else {
+                continue;
+            };
+            parts.push((remote, scope, client(remote).map_err(ManagerError::build)?));
         }
-        drop(synced_tx);
-        if required.is_empty() {
-            cycle.set_manager_up(true);
+        let mut required: BTreeMap<(String, String), bool> = parts
+            .iter()
+            .filter(|(remote, _, _)| remote.required)
+            .flat_map(|(remote, _, _)| {
+                plan.watch
+                    .iter()
+                    .map(|spec| ((remote.name.clone(), spec.resource_label()), false))
+            })
+            .collect();
+        let (changes_tx, mut changes) = mpsc::unbounded_channel();
+        let mut remotes = JoinSet::new();
+        for (remote, scope, client) in parts {
+            remotes.spawn(run_remote(
+                remote.clone(),
+                Arc::clone(&plan),
+                scope,
+                Some(client),
+                Arc::clone(shared),
+                changes_tx.clone(),
+            ));
         }
+        drop(changes_tx);
 
-        let names: BTreeSet<String> = used.iter().map(|r| r.name.clone()).collect();
-        let ends = end_cycle_on_transitions(
-            &cycle,
-            &mut transitions,
-            |r| names.contains(r),
-            shared.rebuild_on_recovery,
-        );
-        let mut ends = std::pin::pin!(ends);
-        let mut synced = BTreeSet::new();
+        let mut up = required.is_empty();
+        cycle.set_manager_up(up);
         let result = loop {
             tokio::select! {
-                () = &mut ends => break Ok(()),
-                Some(pair) = synced_rx.recv() => {
-                    synced.insert(pair);
-                    if required.is_subset(&synced) && cycle.set_manager_up(true) {
-                        info!(cycle = cycle.number(), caches = synced.len(), "manager up: every required cache synced");
+                biased;
+                () = cycle.cancelled() => break Ok(()),
+                Some(change) = changes.recv() => {
+                    if let Some(current) = required.get_mut(&change.cache) {
+                        *current = change.current;
+                    }
+                    let now = required.values().all(|current| *current);
+                    if now != up && cycle.set_manager_up(now) {
+                        up = now;
+                        if up {
+                            info!(cycle = cycle.number(), caches = required.len(), "manager up: every required cache synced");
+                        } else {
+                            let (remote, resource) = &change.cache;
+                            warn!(cycle = cycle.number(), %remote, %resource, "manager down: a required cache is no longer current");
+                        }
                     }
                 }
-                Some(ended) = tasks.join_next() => {
-                    // A reflector only ends when stopped; anything else is a bug.
-                    let why = match ended {
-                        Err(err) if err.is_panic() => "a watch task panicked".to_owned(),
-                        _ => "a watch task ended unexpectedly".to_owned(),
-                    };
-                    break Err(ManagerError::failed(why));
-                }
+                Some(ended) = remotes.join_next() => match ended {
+                    // Its scope ended with the cycle; the next turn sees it.
+                    Ok(Ok(())) => {}
+                    Ok(Err(err)) => break Err(ManagerError::failed(err)),
+                    Err(join) => break Err(ManagerError::failed(join)),
+                },
             }
         };
-        // No task outlives its cycle.
-        tasks.shutdown().await;
-        *lock(&shared.current) = None;
+        if result.is_err() {
+            remotes.shutdown().await;
+        }
+        // No task outlives its cycle: every part ends with its scope's runs.
+        while remotes.join_next().await.is_some() {}
         result
     }
 }

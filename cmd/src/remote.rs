@@ -1,4 +1,5 @@
-//! Turning configured remotes into kube client configurations.
+//! Turning configured remotes into kube client configurations, once, for
+//! the probes and the manager alike.
 
 use kube::config::{
     AuthInfo, Cluster, Context, KubeConfigOptions, Kubeconfig, NamedAuthInfo, NamedCluster,
@@ -8,6 +9,34 @@ use tether_probes::{Remote, without_userinfo};
 use tracing::warn;
 
 use crate::config::{Config, ConfigError, RemoteSource, RemoteSpec};
+
+/// A configured remote with its kube configuration.
+#[derive(Clone)]
+pub struct ResolvedRemote {
+    /// The configured name.
+    pub name: String,
+    /// Whether its caches gate readiness, and its loss ends the cycle.
+    pub required: bool,
+    /// Its connection settings (credentials included; never logged).
+    pub config: kube::Config,
+}
+
+impl std::fmt::Debug for ResolvedRemote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResolvedRemote")
+            .field("name", &self.name)
+            .field("required", &self.required)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ResolvedRemote {
+    /// The remote as the probes take it.
+    #[must_use]
+    pub fn probed(&self) -> Remote {
+        Remote::new(self.name.clone(), self.config.clone())
+    }
+}
 
 /// The innermost cause's message.
 fn root(error: &(dyn std::error::Error + 'static)) -> String {
@@ -78,6 +107,27 @@ pub async fn kube_config(
                     format!("cannot load {}: {}", path.display(), root(&e)),
                 )
             })?;
+            if let Some(wanted) = context
+                && !kubeconfig.contexts.iter().any(|c| &c.name == wanted)
+            {
+                let known: Vec<&str> = kubeconfig
+                    .contexts
+                    .iter()
+                    .map(|c| c.name.as_str())
+                    .collect();
+                return Err(error(
+                    ".context",
+                    format!(
+                        "{} has no context {wanted:?}; it has: {}",
+                        path.display(),
+                        if known.is_empty() {
+                            "none".to_owned()
+                        } else {
+                            known.join(", ")
+                        }
+                    ),
+                ));
+            }
             let options = KubeConfigOptions {
                 context: context.clone(),
                 ..KubeConfigOptions::default()
@@ -129,18 +179,25 @@ pub async fn kube_config(
     Ok(kube_config)
 }
 
-/// Builds every remote's kube configuration.
+/// Builds every remote's kube configuration, in config order.
 ///
 /// # Errors
 ///
 /// The first remote's [`ConfigError`].
-pub async fn remotes(config: &Config) -> Result<Vec<Remote>, ConfigError> {
+pub async fn resolve(config: &Config) -> Result<Vec<ResolvedRemote>, ConfigError> {
     let mut remotes = Vec::with_capacity(config.remotes.len());
     for (index, spec) in config.remotes.iter().enumerate() {
-        remotes.push(Remote::new(
-            spec.name.clone(),
-            kube_config(config, index, spec).await?,
-        ));
+        remotes.push(ResolvedRemote {
+            name: spec.name.clone(),
+            required: spec.required,
+            config: kube_config(config, index, spec).await?,
+        });
     }
     Ok(remotes)
+}
+
+/// The remotes as the probes take them.
+#[must_use]
+pub fn probed(remotes: &[ResolvedRemote]) -> Vec<Remote> {
+    remotes.iter().map(ResolvedRemote::probed).collect()
 }

@@ -92,7 +92,12 @@ fn every_config_mistake_exits_2_naming_the_file_and_the_field() {
         ("an unknown watch kind", format!("{REMOTE}watch: [{{apiVersion: v9, kind: Gadget}}]\n"), "watch[0]"),
         ("a bad admin address", format!("admin: {{address: nine-oh-nine-oh}}\n{REMOTE}"), "admin.address"),
         ("no remotes", "remotes: []\n".to_owned(), "remotes"),
-        ("a wrong type", format!("probe: {{failureThreshold: three}}\n{REMOTE}"), "failureThreshold"),
+        ("a wrong type", format!("probe: {{failureThreshold: three}}\n{REMOTE}"), "probe.failureThreshold"),
+        ("a wrong type in a nested section", format!("supervisor: {{backoff: {{jitter: lots}}}}\n{REMOTE}"), "supervisor.backoff.jitter"),
+        ("a misspelt key", format!("probe:\n  failureTreshold: 3\n{REMOTE}"), "probe.failureTreshold: unknown field; did you mean failureThreshold?"),
+        ("an overflowing duration", format!("probe: {{interval: 1142673313454786114h}}\n{REMOTE}"), "probe.interval"),
+        ("a duration over a day", format!("supervisor: {{shutdownGrace: 25h}}\n{REMOTE}"), "supervisor.shutdownGrace"),
+        ("a zero connection age", format!("probe: {{maxConnectionAge: 0s}}\n{REMOTE}"), "probe.maxConnectionAge"),
     ];
     for (what, yaml, field) in cases {
         let setup = Setup::new();
@@ -149,10 +154,59 @@ fn validate_prints_the_normalized_config_and_deduplicated_identities() {
     let _ = setup.path();
 }
 
+#[test]
+fn a_missing_context_is_named_with_the_contexts_that_exist() {
+    let setup = Setup::new();
+    let kubeconfig = setup.path().join("k.yaml");
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\ncurrent-context: one\n\
+         clusters: [{name: c, cluster: {server: \"https://h:6443\"}}]\n\
+         users: [{name: u, user: {token: t}}]\n\
+         contexts: [{name: one, context: {cluster: c, user: u}}, {name: two, context: {cluster: c, user: u}}]\n",
+    )
+    .expect("write");
+    let file = setup.config(&format!(
+        "remotes: [{{name: a, kubeconfig: {}, context: nosuch}}]\n",
+        kubeconfig.display()
+    ));
+    let out = tether(&["validate", "--config", &file]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("remotes[0].context")
+            && stderr.contains("has no context \"nosuch\"; it has: one, two"),
+        "{stderr}"
+    );
+}
+
+/// Runs tether with a stdout whose reader is already gone.
+fn with_closed_stdout(args: &[&str]) -> Output {
+    let (reader, writer) = std::io::pipe().expect("a pipe");
+    drop(reader);
+    Command::new(env!("CARGO_BIN_EXE_tether"))
+        .args(args)
+        .env_remove("RUST_LOG")
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .expect("the tether binary runs")
+}
+
+#[test]
+fn validate_ends_quietly_when_its_reader_is_gone() {
+    let setup = Setup::new();
+    let file = setup.config("remotes: [{name: a, server: \"https://h:6443\"}]\n");
+    let out = with_closed_stdout(&["validate", "--config", &file]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(out.stderr.is_empty(), "{}", text(&out.stderr));
+}
+
 mod check {
     use tether_testkit::{ApiServer, Fault, Options};
 
     use super::*;
+    use crate::with_closed_stdout;
 
     fn kubeconfig(setup: &Setup, name: &str, server: &ApiServer) -> String {
         let path = setup.path().join(format!("{name}.kubeconfig"));
@@ -180,11 +234,22 @@ mod check {
         let stdout = text(&out.stdout);
         assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
         assert_eq!(
-            stdout.lines().filter(|l| l.contains("reachable")).count(),
+            stdout
+                .lines()
+                .filter(|l| l.contains("required") && l.contains("reachable"))
+                .count(),
             2,
             "{stdout}"
         );
         assert!(!stdout.contains("s3cret"));
+        let quiet = tokio::task::spawn_blocking({
+            let file = file.clone();
+            move || with_closed_stdout(&["check", "--config", &file])
+        })
+        .await
+        .expect("ran");
+        assert_eq!(quiet.status.code(), Some(0), "{}", text(&quiet.stderr));
+        assert!(quiet.stderr.is_empty(), "{}", text(&quiet.stderr));
 
         b.set_fault(Fault::Refuse).await.expect("refuse");
         let out = run(file).await.expect("ran");

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 mod common;
 
-use common::{DEADLINE, Tether, config_yaml, free_port, remote};
+use common::{DEADLINE, Tether, config_yaml, free_port, probes, remote};
 use tether_testkit::Fault;
 use tokio::process::Command;
 use tokio::time::{Instant, timeout};
@@ -150,19 +150,14 @@ async fn an_auth_or_server_error_never_causes_a_rebuild() {
     })
     .await
     .expect("403");
-    let probes = a.requests("/readyz");
-    while a.requests("/readyz") < probes + 5 {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    probes(&a, 5).await;
     a.set_fault(Fault::Status {
         code: 500,
         all_paths: false,
     })
     .await
     .expect("500");
-    while a.requests("/readyz") < probes + 10 {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    probes(&a, 5).await;
     assert_eq!(
         tether.metric("tether_cycle").await,
         Some(1.0),

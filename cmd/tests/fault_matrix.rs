@@ -16,8 +16,8 @@ use std::time::Duration;
 
 mod common;
 
-use common::{DEADLINE, Tether, remote};
-use tether_testkit::{ApiServer, Fault, Resource, Restart, TestHost};
+use common::{DEADLINE, Shape, Tether, probes, remote};
+use tether_testkit::{ApiServer, Fault, Options, Resource, Restart, TestHost};
 use tokio::time::Instant;
 
 const INTERVAL: Duration = Duration::from_secs(1);
@@ -57,16 +57,6 @@ async fn within(tether: &Tether, series: &str, want: f64, since: Instant, bound:
             "{series} did not reach {want} within {bound:?}; logs:\n{}",
             tether.logs()
         );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// Waits until the server has answered `n` more probes.
-async fn probes(server: &ApiServer, n: u64) {
-    let start = server.requests("/readyz");
-    let begun = Instant::now();
-    while server.requests("/readyz") < start + n {
-        assert!(begun.elapsed() < DEADLINE, "the remote is not being probed");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -169,7 +159,10 @@ async fn a_listed_503_is_lost() {
     let tether = Tether::start(
         &[("a", &a), ("b", &b), ("c", &c)],
         &[],
-        ", unreachableStatuses: [503]",
+        &Shape {
+            probe_extra: ", unreachableStatuses: [503]",
+            ..Shape::default()
+        },
     );
     tether.until_ready(true).await;
     let struck = Instant::now();
@@ -311,6 +304,143 @@ async fn a_new_ca_is_lost_as_tls_and_back_after_the_kubeconfig_is_updated() {
         detection_bound(),
     )
     .await;
+    tether.until_ready(true).await;
+}
+
+/// The JSON log event's message and `remote` field.
+fn says(event: &serde_json::Value, message: &str, remote: &str) -> bool {
+    let fields = &event["fields"];
+    fields["message"] == message
+        && (fields["remote"] == remote || fields["remotes"].to_string().contains(remote))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refuse_new_is_lost_within_the_bound_of_the_managers_first_failed_reconnect() {
+    let (a, b, c) = three(false).await;
+    // Connections live ten minutes: only the manager's failed reconnect can
+    // make the probe try a new one within this test.
+    let tether = Tether::start(
+        &[("a", &a), ("b", &b), ("c", &c)],
+        &["--log-format", "json"],
+        &Shape {
+            probe_extra: ", maxConnectionAge: 10m",
+            ..Shape::default()
+        },
+    );
+    tether.until_ready(true).await;
+    let struck = std::time::SystemTime::now();
+    b.set_fault(Fault::RefuseNew).await.expect("refuse_new");
+    tether
+        .until_metric("tether_cycles_total{cause=\"remote_lost\"}", "1", |v| {
+            v == 1.0
+        })
+        .await;
+    let failed = tether
+        .first_event(struck, |e| {
+            says(e, "watch failing; retrying with backoff", "b")
+        })
+        .expect("the manager's watch of b failed");
+    let lost = tether
+        .first_event(struck, |e| {
+            e["fields"]["message"] == "cycle ended"
+                && e["fields"]["cause"] == "remote_lost (remote b)"
+        })
+        .expect("the cycle ended for b");
+    let took = lost.duration_since(failed).expect("lost after the failure");
+    let bound = INTERVAL * (THRESHOLD - 1) + TIMEOUT + INTERVAL;
+    println!(
+        "refuse_new, with the manager's hint: remote_lost {took:?} after the first failed reconnect (bound {bound:?})"
+    );
+    assert!(
+        took <= bound,
+        "took {took:?}, over {bound:?}; logs:\n{}",
+        tether.logs()
+    );
+    assert_eq!(last_cause(&tether, "b").await.as_deref(), Some("refused"));
+    tether
+        .still_lost_once("b", 6, "refuse_new: rebuilt again")
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refuse_new_without_a_manager_is_lost_once_the_kept_connection_ages_out() {
+    let (a, b, c) = three(false).await;
+    let max_age = Duration::from_secs(3);
+    // No watches: nothing but the probe ever connects to a remote.
+    let tether = Tether::start(
+        &[("a", &a), ("b", &b), ("c", &c)],
+        &["--log-format", "json"],
+        &Shape {
+            probe_extra: ", maxConnectionAge: 3s",
+            watch: Some("[]"),
+            ..Shape::default()
+        },
+    );
+    tether
+        .until_metric(&reachable(&b, "b"), "1", |v| v == 1.0)
+        .await;
+    let struck = Instant::now();
+    let struck_at = std::time::SystemTime::now();
+    b.set_fault(Fault::RefuseNew).await.expect("refuse_new");
+    within(
+        &tether,
+        &reachable(&b, "b"),
+        0.0,
+        struck,
+        max_age + detection_bound(),
+    )
+    .await;
+    let lost = tether
+        .first_event(struck_at, |e| says(e, "remote apiserver unreachable", "b"))
+        .expect("the loss was logged");
+    let took = lost.duration_since(struck_at).expect("after the fault");
+    println!(
+        "refuse_new, no manager: unreachable {took:?} after the fault (maxConnectionAge {max_age:?})"
+    );
+    assert_eq!(last_cause(&tether, "b").await.as_deref(), Some("refused"));
+    assert_eq!(
+        b.stats().open_connections,
+        0,
+        "the aged connection was kept"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_required_cache_that_cannot_relist_is_not_ready_after_the_detection_bound() {
+    let a = remote("a", false).await;
+    // Plain HTTP with a token: `/readyz` answers anyone, lists need the token.
+    let b = ApiServer::start(Options::default().name("b").token("b-token"))
+        .await
+        .expect("server");
+    let tether = Tether::run(&[("a", &a), ("b", &b)]);
+    tether.until_ready(true).await;
+
+    // The cluster is recreated with a new token: the probe still gets 200,
+    // every list gets 401, and the cache can only go stale.
+    let struck = Instant::now();
+    b.restart(Restart::Recreated).await.expect("recreate");
+    let stale_after = INTERVAL * THRESHOLD + TIMEOUT;
+    tether.until_ready(false).await;
+    assert!(
+        struck.elapsed() >= stale_after,
+        "not ready after {:?}, before the bound {stale_after:?}",
+        struck.elapsed()
+    );
+    assert!(
+        struck.elapsed() < detection_bound(),
+        "{:?}",
+        struck.elapsed()
+    );
+    let synced = "tether_watch_synced{remote=\"b\",resource=\"configmaps\"}";
+    assert_eq!(tether.metric(synced).await, Some(0.0));
+    assert_eq!(tether.metric("tether_manager_up").await, Some(0.0));
+    assert_eq!(tether.metric(&reachable(&b, "b")).await, Some(1.0));
+    assert_eq!(tether.metric("tether_cycle").await, Some(1.0), "rebuilt");
+
+    // The operator hands tether the new token: ready again.
+    tether.write_kubeconfig("b", &b);
+    tether.signal("HUP");
+    tether.until_metric(synced, "1", |v| v == 1.0).await;
     tether.until_ready(true).await;
 }
 
@@ -467,8 +597,13 @@ impl tether_supervisor::ManagerFactory for Panicking {
 async fn a_manager_that_panics_every_cycle_backs_off_to_the_cap_and_never_stops() {
     let registry = prometheus::Registry::new();
     let max = Duration::from_millis(160);
-    let (status, root, run) =
-        common::spawn_supervisor(Panicking, Duration::from_millis(10), max, &registry);
+    let (status, root, run) = common::spawn_supervisor(
+        Panicking,
+        Duration::from_millis(10),
+        max,
+        &registry,
+        futures_util::stream::empty(),
+    );
 
     // 10, 20, 40, 80 ms, then the cap: by cycle 12 it has held for a while.
     let panicked = |status: &tether_supervisor::SupervisorHandle| {

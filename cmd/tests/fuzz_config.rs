@@ -31,12 +31,24 @@ fn admin() -> impl Strategy<Value = String> {
     ]
 }
 
+/// A duration as a person might write one, right or wrong: up to 25 digits
+/// (so past `u64`), fractions, signs, compound and unknown units.
+fn duration() -> impl Strategy<Value = String> {
+    prop_oneof![
+        "[0-9]{0,3}(ms|s|m|h|x|)",
+        "-?[0-9]{1,25}(\\.[0-9]{1,4})?(ns|us|ms|s|m|h|d|w|y|sec|min|hours|)",
+        "[0-9]{1,20}h[0-9]{1,20}m[0-9]{1,20}s",
+        "(PT[0-9]{1,6}S|[0-9]{1,3} (seconds|minutes)|1e9s|inf|NaNs)",
+    ]
+}
+
 fn probe() -> impl Strategy<Value = String> {
     prop_oneof![
         Just(String::new()),
         Just("probe: {interval: 10s, timeout: 5s}".to_owned()),
-        ("[0-9]{0,3}(ms|s|m|h|x|)", "[0-9]{0,3}(ms|s|m|h|x|)")
-            .prop_map(|(i, t)| format!("probe: {{interval: {i}, timeout: {t}}}")),
+        (duration(), duration())
+            .prop_map(|(i, t)| format!("probe: {{interval: \"{i}\", timeout: \"{t}\"}}")),
+        duration().prop_map(|a| format!("probe: {{maxConnectionAge: \"{a}\"}}")),
         (-2i64..6, -1.0f64..2.0)
             .prop_map(|(n, j)| format!("probe: {{failureThreshold: {n}, jitter: {j}}}")),
     ]
@@ -47,8 +59,12 @@ fn supervisor() -> impl Strategy<Value = String> {
         Just(String::new()),
         (0.0f64..4.0, -0.5f64..1.5)
             .prop_map(|(f, j)| format!("supervisor: {{backoff: {{factor: {f}, jitter: {j}}}}}")),
-        ("[0-9]{1,3}(ms|s|m)", "[0-9]{1,3}(ms|s|m)")
-            .prop_map(|(i, m)| format!("supervisor: {{backoff: {{initial: {i}, max: {m}}}}}")),
+        (duration(), duration()).prop_map(|(i, m)| format!(
+            "supervisor: {{backoff: {{initial: \"{i}\", max: \"{m}\"}}}}"
+        )),
+        (duration(), duration()).prop_map(|(s, g)| format!(
+            "supervisor: {{stableAfter: \"{s}\", shutdownGrace: \"{g}\"}}"
+        )),
     ]
 }
 
@@ -118,7 +134,26 @@ fn random_configs_never_panic_and_every_rejection_names_a_field() {
         match std::panic::catch_unwind(|| {
             Config::parse(&text, "fuzz.yaml", Path::new("/nonexistent"))
         }) {
-            Ok(Ok(_)) => accepted += 1,
+            Ok(Ok(config)) => {
+                accepted += 1;
+                // An accepted duration is one the timers can add to now.
+                let day = Duration::from_secs(24 * 3600);
+                for (field, value) in [
+                    ("probe.interval", config.probe.interval),
+                    ("probe.timeout", config.probe.timeout),
+                    ("probe.maxConnectionAge", config.probe.max_connection_age),
+                    (
+                        "supervisor.backoff.initial",
+                        config.supervisor.backoff.initial,
+                    ),
+                    ("supervisor.backoff.max", config.supervisor.backoff.max),
+                    ("supervisor.stableAfter", config.supervisor.stable_after),
+                    ("supervisor.shutdownGrace", config.supervisor.shutdown_grace),
+                ] {
+                    assert!(value <= day, "{field} = {value:?} accepted from {text:?}");
+                }
+                let _ = config.probe.detection_bound();
+            }
             Ok(Err(err)) => {
                 assert_eq!(err.file, "fuzz.yaml");
                 assert!(!err.field.is_empty(), "no field for {text:?}: {err}");

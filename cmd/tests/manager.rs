@@ -7,7 +7,7 @@ mod common;
 use common::{comes_down_to, start_in_process};
 use tether_probes::ProbeConfig;
 use tether_supervisor::Cause;
-use tether_testkit::{ApiServer, Options};
+use tether_testkit::{ApiServer, Fault, Options};
 use tokio::time::{Instant, timeout};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -21,12 +21,7 @@ async fn no_task_outlives_its_cycle_across_fifty_cycles() {
         ProbeConfig::default(),
     )
     .await;
-    let (status, handle, root, run) = (
-        stack.status.clone(),
-        stack.manager.clone(),
-        stack.root.clone(),
-        stack.run,
-    );
+    let (status, root, run) = (stack.status.clone(), stack.root.clone(), stack.run);
 
     let metrics = tokio::runtime::Handle::current().metrics();
     let mut alive = Vec::new();
@@ -49,7 +44,7 @@ async fn no_task_outlives_its_cycle_across_fifty_cycles() {
         }
         alive.push(metrics.num_alive_tasks());
         if cycle <= 50 {
-            handle.end_cycle(Cause::ConfigChanged);
+            assert!(status.end_cycle(Cause::ConfigChanged));
         }
     }
     // After fifty cycles, the live tasks must come back to the most seen in
@@ -67,6 +62,110 @@ async fn no_task_outlives_its_cycle_across_fifty_cycles() {
     let outcome = timeout(Duration::from_secs(10), run)
         .await
         .expect("shutdown")
+        .expect("no panic");
+    assert_eq!(outcome, tether_supervisor::ShutdownOutcome::Clean);
+}
+
+/// Polls `done` every 10ms for up to 20s; panics naming `what`.
+async fn until(what: &str, done: impl Fn() -> bool) {
+    let started = Instant::now();
+    while !done() {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "never happened: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_an_optional_remote_restarts_only_its_own_watches() {
+    let required = ApiServer::start(Options::default()).await.expect("server");
+    let optional = ApiServer::start(Options::default()).await.expect("server");
+    let stack = common::start_in_process_with(
+        &[("req", &required, true), ("opt", &optional, false)],
+        ProbeConfig::default()
+            .with_interval(Duration::from_millis(100))
+            .with_timeout(Duration::from_millis(50))
+            .with_jitter(0.0),
+    )
+    .await;
+    let (status, manager) = (stack.status.clone(), stack.manager.clone());
+    let synced = |remote: &str| {
+        manager
+            .caches()
+            .get(&(remote.to_owned(), "configmaps".to_owned()))
+            .is_some_and(|cache| cache.synced)
+    };
+    until("both watches open, the manager up", || {
+        status.status().manager_up
+            && required.stats().open_watches == 1
+            && optional.stats().open_watches == 1
+    })
+    .await;
+    let accepted = required.stats().connections_accepted;
+    let relists = required.requests("/api/v1/configmaps");
+
+    optional.set_fault(Fault::Refuse).await.expect("refuse");
+    until("the optional remote's part stopped", || {
+        status.status().stopped_remotes == ["opt"]
+    })
+    .await;
+    assert!(
+        !synced("opt"),
+        "a stopped remote's cache still counts as synced"
+    );
+    assert_eq!(
+        status.status().cycle,
+        1,
+        "an optional remote ended the cycle"
+    );
+    assert!(status.status().manager_up);
+
+    optional.set_fault(Fault::Up).await.expect("up");
+    until("the optional remote's cache synced again", || {
+        synced("opt") && optional.stats().open_watches == 1
+    })
+    .await;
+    let now = status.status();
+    assert_eq!(now.cycle, 1, "the recovery ended the cycle");
+    assert!(now.stopped_remotes.is_empty() && now.manager_up);
+    assert_eq!(
+        required.stats().connections_accepted,
+        accepted,
+        "the required remote's connections were reopened"
+    );
+    assert_eq!(
+        required.requests("/api/v1/configmaps"),
+        relists,
+        "the required remote was listed again"
+    );
+    assert_eq!(required.stats().open_watches, 1);
+    let restarts = stack
+        .registry
+        .gather()
+        .into_iter()
+        .find(|f| f.name() == "tether_remote_restarts_total")
+        .expect("registered")
+        .get_metric()
+        .iter()
+        .filter(|m| m.get_label().iter().any(|l| l.value() == "opt"))
+        .map(|m| {
+            let cause = m
+                .get_label()
+                .iter()
+                .find(|l| l.name() == "cause")
+                .map(|l| l.value().to_owned());
+            (cause.expect("a cause label"), m.get_counter().get_value())
+        })
+        .collect::<std::collections::BTreeMap<_, _>>();
+    assert_eq!(restarts.get("remote_lost"), Some(&1.0), "{restarts:?}");
+    assert_eq!(restarts.get("remote_recovered"), Some(&0.0), "{restarts:?}");
+
+    stack.root.cancel();
+    let outcome = timeout(Duration::from_secs(10), stack.run)
+        .await
+        .expect("shutdown deadlocked?")
         .expect("no panic");
     assert_eq!(outcome, tether_supervisor::ShutdownOutcome::Clean);
 }

@@ -165,7 +165,9 @@ async fn forced_rebuilds_leak_no_tasks_descriptors_memory_or_watches() {
     );
 
     root.cancel();
-    let _ = timeout(Duration::from_secs(10), run)
+    let outcome = timeout(Duration::from_secs(10), run)
         .await
-        .expect("shutdown");
+        .expect("shutdown deadlocked?")
+        .expect("the supervisor task does not panic");
+    assert_eq!(outcome, tether_supervisor::ShutdownOutcome::Clean);
 }

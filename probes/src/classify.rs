@@ -178,6 +178,26 @@ pub fn classify(error: &kube::Error) -> Outcome {
     }
 }
 
+/// The class of the transport failure behind `error`, from a request a
+/// manager made (a list, a watch): `None` when the remote answered (an API
+/// error is a status) or the request failed before the network
+/// (credentials).
+///
+/// A manager that sees one asks the probes to check the remote on a fresh
+/// connection ([`ProbeSetHandle::suspect`](crate::ProbeSetHandle::suspect)).
+#[must_use]
+pub fn transport_failure(error: &kube::Error) -> Option<FailureCause> {
+    match error {
+        kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::ReadEvents(_) => {
+            match classify(error) {
+                Outcome::Unreachable { cause, .. } => Some(cause),
+                Outcome::Reachable { .. } | Outcome::LocalError { .. } => None,
+            }
+        }
+        _ => None,
+    }
+}
+
 /// The first decisive cause down `error`'s chain, else `fallback`.
 pub(crate) fn cause_in(error: &(dyn StdError + 'static), fallback: FailureCause) -> FailureCause {
     let mut current = Some(error);
@@ -224,6 +244,27 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn only_a_transport_failure_is_one() {
+        let refused = kube::Error::Service(Box::new(Outer(io::Error::from(
+            io::ErrorKind::ConnectionRefused,
+        ))));
+        assert_eq!(transport_failure(&refused), Some(FailureCause::Refused));
+        let status = kube::Error::Api(Box::new(kube::core::Status::failure(
+            "forbidden",
+            "Forbidden",
+        )));
+        assert_eq!(
+            transport_failure(&status),
+            None,
+            "an API error is an answer"
+        );
+        let auth = kube::Error::Auth(kube::client::AuthError::InvalidBasicAuth(
+            http::HeaderValue::from_bytes(b"\n").expect_err("a newline is invalid"),
+        ));
+        assert_eq!(transport_failure(&auth), None, "credentials fail here");
     }
 
     #[test]

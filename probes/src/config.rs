@@ -4,7 +4,11 @@ use std::time::Duration;
 
 use crate::{Error, Result};
 
-/// How remotes are probed. The defaults are DESIGN.md's.
+/// How remotes are probed.
+///
+/// The defaults probe every 10s with a 5s deadline and call a remote lost
+/// after three failures in a row, so a dead remote is found in about 20-25s
+/// while a single dropped probe never counts.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProbeConfig {
     /// The path requested. Default `/readyz`.
@@ -24,6 +28,15 @@ pub struct ProbeConfig {
     /// HTTP statuses that count as unreachable, for apiservers behind an L7
     /// load balancer (e.g. `[502, 503, 504]`). Default empty.
     pub unreachable_statuses: Vec<u16>,
+    /// The oldest a kept connection may be and still carry a probe; an older
+    /// one is replaced by a new connection. A kept connection can go on
+    /// answering after the remote stops taking new ones (a firewall change
+    /// that keeps its tracked flows, a draining load balancer, an apiserver
+    /// out of descriptors), so reachability must be checked on new
+    /// connections too. Default 5m: one extra handshake per remote every 30
+    /// probes at the default interval. Below `interval`, every probe opens a
+    /// new connection.
+    pub max_connection_age: Duration,
 }
 
 impl Default for ProbeConfig {
@@ -36,6 +49,7 @@ impl Default for ProbeConfig {
             success_threshold: 1,
             jitter: 0.1,
             unreachable_statuses: Vec::new(),
+            max_connection_age: Duration::from_secs(300),
         }
     }
 }
@@ -83,11 +97,32 @@ impl ProbeConfig {
         self
     }
 
+    /// Sets the oldest a kept connection may be.
+    #[must_use]
+    pub fn with_max_connection_age(mut self, age: Duration) -> Self {
+        self.max_connection_age = age;
+        self
+    }
+
     /// Sets the path.
     #[must_use]
     pub fn with_path(mut self, path: impl Into<String>) -> Self {
         self.path = path.into();
         self
+    }
+
+    /// The longest a remote that stops answering can take to be found
+    /// unreachable: the fault may strike just after a probe, then
+    /// `failure_threshold` probes fail, each up to an interval (with its
+    /// jitter) after the last, the final one taking up to its deadline.
+    /// Saturates at `Duration::MAX`.
+    #[must_use]
+    pub fn detection_bound(&self) -> Duration {
+        self.interval
+            .mul_f64(1.0 + self.jitter)
+            .checked_mul(self.failure_threshold)
+            .and_then(|probes| probes.checked_add(self.timeout))
+            .unwrap_or(Duration::MAX)
     }
 
     /// Checks that the settings are in range.
@@ -112,10 +147,16 @@ impl ProbeConfig {
             return invalid("probe.timeout", "must be greater than zero");
         }
         if self.timeout > self.interval / 2 {
-            return invalid(
-                "probe.timeout",
-                "must be at most half of probe.interval, so a probe reports before the next is due",
-            );
+            return Err(Error::InvalidConfig {
+                field: "probe.timeout",
+                reason: format!(
+                    "{:?} must be at most half of probe.interval ({:?}), so a probe reports before the next is due",
+                    self.timeout, self.interval
+                ),
+            });
+        }
+        if self.max_connection_age.is_zero() {
+            return invalid("probe.maxConnectionAge", "must be greater than zero");
         }
         if self.failure_threshold < 1 {
             return invalid("probe.failureThreshold", "must be at least 1");
@@ -145,11 +186,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_timeout_over_half_the_interval_is_rejected() {
+    fn a_timeout_over_half_the_interval_is_rejected_showing_both() {
         let config = ProbeConfig::default().with_timeout(Duration::from_secs(6));
         let err = config.validate().expect_err("6s > 10s / 2");
-        assert!(err.to_string().starts_with("probe.timeout:"), "{err}");
+        assert_eq!(
+            err.to_string(),
+            "probe.timeout: 6s must be at most half of probe.interval (10s), so a probe reports before the next is due"
+        );
         assert!(ProbeConfig::default().validate().is_ok());
+    }
+
+    #[test]
+    fn the_detection_bound_counts_every_interval_and_the_last_deadline() {
+        // 3 × 10s × 1.1 + 5s.
+        assert_eq!(
+            ProbeConfig::default().detection_bound(),
+            Duration::from_secs(38)
+        );
+        let absurd = ProbeConfig::default().with_failure_threshold(u32::MAX);
+        assert_eq!(
+            absurd
+                .with_interval(Duration::from_secs(u64::MAX / 2))
+                .detection_bound(),
+            Duration::MAX
+        );
     }
 
     #[test]
@@ -169,6 +229,10 @@ mod tests {
                 "probe.unreachableStatuses",
             ),
             (ProbeConfig::default().with_path("readyz"), "probe.path"),
+            (
+                ProbeConfig::default().with_max_connection_age(Duration::ZERO),
+                "probe.maxConnectionAge",
+            ),
         ] {
             let err = config.validate().expect_err(field);
             assert!(err.to_string().starts_with(field), "{err}");

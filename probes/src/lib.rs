@@ -13,8 +13,11 @@
 //! - **Lifetime.** The [`ProbeSet`] lives as long as the process. Reloads
 //!   call [`ProbeSet::sync`], which keeps the state of remotes that stay and
 //!   deletes the metric series of remotes that go.
-//! - **Cycles.** Transitions are published; [`next_cycle_end`] tells a cycle
-//!   when a remote it uses is lost or recovers.
+//! - **Cycles.** Transitions are published; [`ProbeSetHandle::signals`]
+//!   turns them into the losses and recoveries the supervisor ends cycles
+//!   on. A manager that fails to reach a remote
+//!   [suspects](ProbeSetHandle::suspect) it, and the remote is probed at once
+//!   on a new connection.
 //!
 //! The crate knows kube clients and HTTP, and nothing of the manager.
 //!
@@ -26,8 +29,9 @@
 //! let registry = Registry::new();
 //! let probes = ProbeSet::new(ProbeConfig::default(), &registry)?;
 //! probes.sync(&[Remote::new("cluster-a", config)])?;
-//! let mut transitions = probes.handle().subscribe();
-//! # let _ = transitions.recv().await;
+//! // Losses and recoveries, for `Supervisor::end_cycles_on`.
+//! let signals = probes.handle().signals();
+//! # drop(signals);
 //! # Ok(())
 //! # }
 //! ```
@@ -35,16 +39,16 @@
 
 mod classify;
 mod config;
-mod cycle;
 mod identity;
 mod metrics;
 mod probe;
 mod set;
 mod tracker;
 
-pub use crate::classify::{FailureCause, Outcome, ProbeResult, classify, root_cause};
+pub use crate::classify::{
+    FailureCause, Outcome, ProbeResult, classify, root_cause, transport_failure,
+};
 pub use crate::config::ProbeConfig;
-pub use crate::cycle::{CycleEnd, next_cycle_end};
 pub use crate::identity::{Identity, Remote, host_port, normalize_url};
 pub use crate::probe::{ProbeClient, probe_client, probe_once, without_userinfo};
 pub use crate::set::{CheckRow, ProbeSet, ProbeSetHandle, RemoteStatus, Transition, check};

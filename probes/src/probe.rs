@@ -67,14 +67,17 @@ struct Direct {
     authority: HeaderValue,
     tls: Option<(tokio_rustls::TlsConnector, ServerName<'static>)>,
     decorate: Decorate,
+    /// A kept connection older than this is replaced by a new one.
+    max_age: Duration,
     conn: Option<Conn>,
 }
 
-/// A kept-alive connection: the sender, and the task driving it, which ends
-/// when the connection closes.
+/// A kept-alive connection: the sender, the task driving it, which ends
+/// when the connection closes, and when it was opened.
 struct Conn {
     sender: http1::SendRequest<Empty<Bytes>>,
     task: JoinHandle<()>,
+    opened: Instant,
 }
 
 impl Drop for Conn {
@@ -107,7 +110,8 @@ impl Failure {
 /// Builds the client a probe uses from a remote's kube configuration.
 ///
 /// The client keeps one connection to the remote and reuses it from probe to
-/// probe; it never retries a status. Every probe is bounded by its deadline
+/// probe, until it is `probe.max_connection_age` old; it never retries a
+/// status. Every probe is bounded by its deadline
 /// in [`probe_once`], connecting and TLS included.
 ///
 /// A remote behind a proxy is probed through kube's client instead, with
@@ -133,11 +137,12 @@ pub fn probe_client(config: &kube::Config, probe: &ProbeConfig) -> Result<ProbeC
             .map(|client| ProbeClient(Transport::Proxied(client)))
             .map_err(Error::Client);
     }
-    Direct::new(&config).map(|direct| ProbeClient(Transport::Direct(Box::new(direct))))
+    Direct::new(&config, probe.max_connection_age)
+        .map(|direct| ProbeClient(Transport::Direct(Box::new(direct))))
 }
 
 impl Direct {
-    fn new(config: &kube::Config) -> Result<Self> {
+    fn new(config: &kube::Config, max_age: Duration) -> Result<Self> {
         let url = &config.cluster_url;
         let https = url.scheme_str() == Some("https");
         let host = url
@@ -184,6 +189,7 @@ impl Direct {
             authority,
             tls,
             decorate: BoxService::new(decorate),
+            max_age,
             conn: None,
         })
     }
@@ -214,8 +220,16 @@ impl Direct {
             request
         };
 
-        let reused = self.conn.as_ref().is_some_and(|c| !c.sender.is_closed());
-        if reused {
+        // A kept connection may answer long after the remote stopped taking
+        // new ones; past its age, the probe checks a new one.
+        if self
+            .conn
+            .as_ref()
+            .is_some_and(|c| c.sender.is_closed() || c.opened.elapsed() >= self.max_age)
+        {
+            self.conn = None;
+        }
+        if self.conn.is_some() {
             // A kept connection may have died since the last probe; a fresh
             // one answers for the remote, as a pool would retry.
             if let Ok(status) = self.send(make()).await {
@@ -331,7 +345,11 @@ where
             tracing::debug!(error = %root_cause(&err), "probe connection ended");
         }
     });
-    Ok(Conn { sender, task })
+    Ok(Conn {
+        sender,
+        task,
+        opened: Instant::now(),
+    })
 }
 
 impl ProbeClient {
@@ -342,8 +360,9 @@ impl ProbeClient {
         }
     }
 
-    /// Drops the kept connection, after a probe that did not finish.
-    fn reset(&mut self) {
+    /// Drops the kept connection, so the next probe opens a new one: after a
+    /// probe that did not finish, or when a new connection is to be checked.
+    pub(crate) fn reset(&mut self) {
         if let Transport::Direct(direct) = &mut self.0 {
             direct.conn = None;
         }

@@ -12,6 +12,10 @@
 //!   early when the remote closes the connection kept for probing. Every probe
 //!   has its own deadline (`timeout` ≤ `interval / 2`), so one remote never
 //!   delays another, and a probe always reports before the next is due.
+//! - A remote [suspected](ProbeSetHandle::suspect) by a manager that failed
+//!   to reach it is probed at once on a new connection, at most once per
+//!   interval; a suspicion within that interval makes the next regular probe
+//!   use a new connection instead.
 //! - A task that panics is restarted after one interval; the panic is
 //!   logged and counted.
 //! - Every state change is logged once, counted in
@@ -23,9 +27,10 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use futures_util::FutureExt as _;
+use futures_util::{FutureExt as _, Stream};
 use prometheus::Registry;
-use tokio::sync::broadcast;
+use tether_supervisor::RemoteSignal;
+use tokio::sync::{Notify, broadcast};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -54,6 +59,21 @@ pub struct Transition {
     pub failures: u32,
     /// The last error's root cause, when the change is to unreachable.
     pub error: Option<String>,
+}
+
+impl Transition {
+    /// What this transition tells a supervisor: a loss, a recovery, or
+    /// nothing (a remote first seen reachable).
+    #[must_use]
+    pub fn signal(&self) -> Option<RemoteSignal> {
+        match (self.from, self.to) {
+            (_, Reachability::Unreachable) => Some(RemoteSignal::Lost(self.remote.clone())),
+            (Reachability::Unreachable, Reachability::Reachable) => {
+                Some(RemoteSignal::Recovered(self.remote.clone()))
+            }
+            _ => None,
+        }
+    }
 }
 
 /// What the status page shows of one configured remote.
@@ -119,6 +139,8 @@ struct ProbeState {
 struct Shared {
     host: String,
     state: Mutex<ProbeState>,
+    /// A manager failed to reach the remote: check it on a new connection.
+    suspected: Notify,
 }
 
 impl Shared {
@@ -137,20 +159,31 @@ struct Probe {
     _task: JoinHandle<()>,
 }
 
+/// The running probes, by identity, and each configured name's probe.
+#[derive(Debug, Default)]
+struct Probes {
+    by_identity: BTreeMap<Identity, Probe>,
+    by_name: BTreeMap<String, Arc<Shared>>,
+}
+
 #[derive(Debug)]
 struct Inner {
     config: ProbeConfig,
     metrics: Metrics,
     transitions: broadcast::Sender<Transition>,
-    probes: Mutex<BTreeMap<Identity, Probe>>,
+    probes: Mutex<Probes>,
     created: Instant,
 }
 
 impl Inner {
-    fn probes(&self) -> MutexGuard<'_, BTreeMap<Identity, Probe>> {
+    fn probes(&self) -> MutexGuard<'_, Probes> {
         self.probes
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn probe_of(&self, name: &str) -> Option<Arc<Shared>> {
+        self.probes().by_name.get(name).cloned()
     }
 }
 
@@ -273,7 +306,11 @@ impl ProbeSet {
         }
 
         let inner = &self.inner;
-        let mut probes = inner.probes();
+        let mut guard = inner.probes();
+        let Probes {
+            by_identity: probes,
+            by_name,
+        } = &mut *guard;
         probes.retain(|identity, probe| {
             if wanted.contains_key(identity) {
                 return true;
@@ -322,6 +359,7 @@ impl ProbeSet {
                         last_tick: Instant::now(),
                         panics: 0,
                     }),
+                    suspected: Notify::new(),
                 });
                 let stop = CancellationToken::new();
                 let task = tokio::spawn(
@@ -338,13 +376,19 @@ impl ProbeSet {
                 );
             }
         }
+        by_name.clear();
+        for probe in probes.values() {
+            for name in &probe.shared.lock().names {
+                by_name.insert(name.clone(), Arc::clone(&probe.shared));
+            }
+        }
         Ok(())
     }
 }
 
 impl Drop for ProbeSet {
     fn drop(&mut self) {
-        for probe in self.inner.probes().values() {
+        for probe in self.inner.probes().by_identity.values() {
             probe.stop.cancel();
         }
     }
@@ -357,11 +401,48 @@ impl ProbeSetHandle {
         self.inner.transitions.subscribe()
     }
 
+    /// Losses and recoveries of every configured remote, from now on, as
+    /// the supervisor takes them
+    /// ([`Supervisor::end_cycles_on`](tether_supervisor::Supervisor::end_cycles_on)).
+    ///
+    /// Nothing is dropped silently: if the stream falls more than 1,024
+    /// transitions behind, it yields [`RemoteSignal::Missed`] with the count,
+    /// and the supervisor ends the running cycle for it.
+    pub fn signals(&self) -> impl Stream<Item = RemoteSignal> + Send + 'static {
+        futures_util::stream::unfold(self.subscribe(), |mut transitions| async move {
+            loop {
+                match transitions.recv().await {
+                    Ok(transition) => {
+                        if let Some(signal) = transition.signal() {
+                            return Some((signal, transitions));
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Lagged(missed)) => {
+                        warn!(missed, "fell behind the probe transitions");
+                        return Some((RemoteSignal::Missed(missed), transitions));
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return None,
+                }
+            }
+        })
+    }
+
+    /// Tells the probes that a manager failed to reach `name` (a list or a
+    /// watch that could not connect): the remote is probed at once on a new
+    /// connection, at most once per interval, so that a kept connection
+    /// that still answers cannot hide a remote that takes no new ones.
+    /// Unknown names are ignored.
+    pub fn suspect(&self, name: &str) {
+        if let Some(probe) = self.inner.probe_of(name) {
+            probe.suspected.notify_one();
+        }
+    }
+
     /// Every configured remote's status, sorted by name.
     #[must_use]
     pub fn status(&self) -> Vec<RemoteStatus> {
         let mut rows = Vec::new();
-        for probe in self.inner.probes().values() {
+        for probe in self.inner.probes().by_identity.values() {
             let state = probe.shared.lock();
             for name in &state.names {
                 rows.push(RemoteStatus {
@@ -391,14 +472,9 @@ impl ProbeSetHandle {
     /// The state of the remote named `name`, if it is configured.
     #[must_use]
     pub fn state_of(&self, name: &str) -> Option<Reachability> {
-        self.inner.probes().values().find_map(|probe| {
-            let state = probe.shared.lock();
-            state
-                .names
-                .iter()
-                .any(|n| n == name)
-                .then(|| state.tracker.state())
-        })
+        self.inner
+            .probe_of(name)
+            .map(|probe| probe.lock().tracker.state())
     }
 
     /// The oldest probe task's last tick: a stale value means a probe loop
@@ -407,6 +483,7 @@ impl ProbeSetHandle {
     pub fn heartbeat(&self) -> Instant {
         self.inner
             .probes()
+            .by_identity
             .values()
             .map(|probe| probe.shared.lock().last_tick)
             .min()
@@ -439,6 +516,10 @@ async fn probe_loop(inner: &Inner, shared: &Shared, stop: &CancellationToken) {
     // At most one early probe between two regular ticks.
     let mut early = false;
     let mut may_probe_early = true;
+    // A suspicion makes the next probe use a new connection; it probes at
+    // once if no suspicion did within the last interval.
+    let mut fresh = false;
+    let mut last_suspected: Option<Instant> = None;
     loop {
         let closed = async {
             match client.as_mut() {
@@ -450,6 +531,15 @@ async fn probe_loop(inner: &Inner, shared: &Shared, stop: &CancellationToken) {
             biased;
             () = stop.cancelled() => return,
             () = tokio::time::sleep_until(next) => {}
+            () = shared.suspected.notified() => {
+                fresh = true;
+                let now = Instant::now();
+                if last_suspected.is_none_or(|at| now - at >= config.interval) {
+                    last_suspected = Some(now);
+                    next = now;
+                }
+                continue;
+            }
             () = closed => {
                 // The remote closed the connection kept for probing, as a
                 // stopping apiserver does: probe now rather than at the next
@@ -489,6 +579,9 @@ async fn probe_loop(inner: &Inner, shared: &Shared, stop: &CancellationToken) {
             };
         }
         let (_, probe_client) = client.as_mut().expect("built above when missing or stale");
+        if std::mem::take(&mut fresh) {
+            probe_client.reset();
+        }
         let result = tokio::select! {
             biased;
             () = stop.cancelled() => return,
@@ -625,4 +718,56 @@ pub async fn check(remotes: &[Remote], config: &ProbeConfig) -> Result<Vec<Check
         .collect();
     rows.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use futures_util::StreamExt as _;
+
+    use super::*;
+
+    fn transition(from: Reachability, to: Reachability) -> Transition {
+        Transition {
+            remote: "a".into(),
+            host: "h:443".into(),
+            from,
+            to,
+            failures: 0,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn only_losses_and_recoveries_are_signals() {
+        use Reachability::{Reachable, Unknown, Unreachable};
+        assert_eq!(transition(Unknown, Reachable).signal(), None);
+        assert_eq!(
+            transition(Unknown, Unreachable).signal(),
+            Some(RemoteSignal::Lost("a".into()))
+        );
+        assert_eq!(
+            transition(Reachable, Unreachable).signal(),
+            Some(RemoteSignal::Lost("a".into()))
+        );
+        assert_eq!(
+            transition(Unreachable, Reachable).signal(),
+            Some(RemoteSignal::Recovered("a".into()))
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stream_that_falls_behind_says_how_many_it_missed() {
+        let probes = ProbeSet::new(ProbeConfig::default(), &Registry::new()).expect("probe set");
+        let mut signals = std::pin::pin!(probes.handle().signals());
+        let extra = 76;
+        for _ in 0..TRANSITION_BUFFER + extra {
+            let lost = transition(Reachability::Reachable, Reachability::Unreachable);
+            probes.inner.transitions.send(lost).expect("a subscriber");
+        }
+        assert_eq!(
+            signals.next().await,
+            Some(RemoteSignal::Missed(extra as u64))
+        );
+        assert_eq!(signals.next().await, Some(RemoteSignal::Lost("a".into())));
+    }
 }

@@ -41,7 +41,8 @@ impl ManagerError {
 }
 
 /// Renders an error and each of its sources, joined with `: `.
-pub(crate) fn error_chain(error: &(dyn StdError + 'static)) -> String {
+#[must_use]
+pub fn error_chain(error: &(dyn StdError + 'static)) -> String {
     let mut out = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {

@@ -80,7 +80,7 @@ mod token;
 
 pub use crate::backoff::{Backoff, BackoffConfig};
 pub use crate::cause::{Cause, CauseKind};
-pub use crate::factory::{BoxError, ManagerError, ManagerFactory};
+pub use crate::factory::{BoxError, ManagerError, ManagerFactory, error_chain};
 pub use crate::scope::{OnLoss, RemoteScope, UsedRemote, UsedRemotes};
 pub use crate::signal::RemoteSignal;
 pub use crate::state::{Phase, Status};

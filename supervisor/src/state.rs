@@ -48,7 +48,7 @@ pub struct Status {
     /// Ended cycles by cause; every cause is present.
     pub ended: BTreeMap<CauseKind, u64>,
     /// The remotes whose part of the current cycle is stopped alone (lost,
-    /// and waiting to recover), by name.
+    /// and waiting to recover), sorted by name.
     pub stopped_remotes: Vec<String>,
 }
 

@@ -63,6 +63,16 @@ pub(crate) async fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
 /// Bound on anything a test waits for.
 pub(crate) const DEADLINE: Duration = Duration::from_secs(60);
 
+/// Waits until `server` has answered `n` more probes.
+pub(crate) async fn probes(server: &ApiServer, n: u64) {
+    let start = server.requests("/readyz");
+    let begun = Instant::now();
+    while server.requests("/readyz") < start + n {
+        assert!(begun.elapsed() < DEADLINE, "the remote is not being probed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 pub(crate) struct Tether {
     pub(crate) child: Child,
     pub(crate) admin: String,
@@ -106,27 +116,45 @@ pub(crate) fn config_yaml(
     admin: &str,
     remotes: &[(&str, &ApiServer)],
 ) -> String {
-    config_yaml_with(dir, admin, remotes, "")
+    config_yaml_with(dir, admin, remotes, &Shape::default())
 }
 
-/// The test config, with `probe_extra` (e.g. `, unreachableStatuses: [503]`)
-/// added to the probe section.
+/// What a test changes in the test config.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Shape<'a> {
+    /// Added to the probe section, e.g. `, unreachableStatuses: [503]`.
+    pub(crate) probe_extra: &'a str,
+    /// The watch list; by default every ConfigMap.
+    pub(crate) watch: Option<&'a str>,
+    /// The remotes marked `required: false`.
+    pub(crate) optional: &'a [&'a str],
+}
+
+/// The test config (interval 1s, timeout 500ms, threshold 3, no jitter,
+/// backoff 1s to 4s), changed as `shape` says.
 pub(crate) fn config_yaml_with(
     dir: &std::path::Path,
     admin: &str,
     remotes: &[(&str, &ApiServer)],
-    probe_extra: &str,
+    shape: &Shape<'_>,
 ) -> String {
     let mut yaml = format!(
         "admin: {{address: \"{admin}\"}}\n\
-         probe: {{interval: 1s, timeout: 500ms, failureThreshold: 3, jitter: 0.0{probe_extra}}}\n\
+         probe: {{interval: 1s, timeout: 500ms, failureThreshold: 3, jitter: 0.0{}}}\n\
          supervisor: {{backoff: {{initial: 1s, max: 4s, jitter: 0.0}}, shutdownGrace: 5s}}\n\
-         watch: [{{apiVersion: v1, kind: ConfigMap}}]\n\
-         remotes:\n"
+         watch: {}\n\
+         remotes:\n",
+        shape.probe_extra,
+        shape.watch.unwrap_or("[{apiVersion: v1, kind: ConfigMap}]"),
     );
     for (name, server) in remotes {
         let path = write_kubeconfig(dir, name, server);
-        let _ = writeln!(yaml, "- {{name: {name}, kubeconfig: {}}}", path.display());
+        let required = !shape.optional.contains(name);
+        let _ = writeln!(
+            yaml,
+            "- {{name: {name}, kubeconfig: {}, required: {required}}}",
+            path.display()
+        );
     }
     yaml
 }
@@ -142,17 +170,18 @@ impl Tether {
     }
 
     pub(crate) fn run_with(remotes: &[(&str, &ApiServer)], extra: &[&str]) -> Self {
-        Self::start(remotes, extra, "")
+        Self::start(remotes, extra, &Shape::default())
     }
 
-    /// Runs `tether [extra] run` with the test config plus `probe_extra`.
-    pub(crate) fn start(remotes: &[(&str, &ApiServer)], extra: &[&str], probe_extra: &str) -> Self {
+    /// Runs `tether [extra] run` with the test config, changed as `shape`
+    /// says.
+    pub(crate) fn start(remotes: &[(&str, &ApiServer)], extra: &[&str], shape: &Shape<'_>) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let admin = format!("127.0.0.1:{}", free_port());
         let config = dir.path().join("tether.yaml");
         std::fs::write(
             &config,
-            config_yaml_with(dir.path(), &admin, remotes, probe_extra),
+            config_yaml_with(dir.path(), &admin, remotes, shape),
         )
         .expect("config");
         let mut child = Command::new(env!("CARGO_BIN_EXE_tether"))
@@ -191,6 +220,21 @@ impl Tether {
 
     pub(crate) fn logs(&self) -> String {
         self.stderr.lock().expect("not poisoned").clone()
+    }
+
+    /// When the first log event after `since` that `matches` was written,
+    /// with `--log-format json`: its timestamp, as tether wrote it.
+    pub(crate) fn first_event(
+        &self,
+        since: std::time::SystemTime,
+        matches: impl Fn(&serde_json::Value) -> bool,
+    ) -> Option<std::time::SystemTime> {
+        self.logs().lines().find_map(|line| {
+            let event: serde_json::Value = serde_json::from_str(line).ok()?;
+            let at: jiff::Timestamp = event["timestamp"].as_str()?.parse().ok()?;
+            let at = std::time::SystemTime::from(at);
+            (at >= since && matches(&event)).then_some(at)
+        })
     }
 
     /// `GET path` on the admin server: the status and the body.
@@ -284,9 +328,10 @@ impl Tether {
     }
 }
 
-/// The library stack of `tether run`, in process: probes and the built-in
-/// manager (caching ConfigMaps) for `remotes`, all required, under a
-/// supervisor whose backoff is 1ms so cycles follow each other at once.
+/// The library stack of `tether run`, in process, wired as the daemon wires
+/// it: probes and the built-in manager (caching ConfigMaps) for `remotes`,
+/// all required, under a supervisor that ends cycles on the probes' signals
+/// and whose backoff is 1ms so cycles follow each other at once.
 pub(crate) struct InProcess {
     pub(crate) status: tether_supervisor::SupervisorHandle,
     pub(crate) manager: tether::manager::ManagerHandle,
@@ -294,6 +339,7 @@ pub(crate) struct InProcess {
     pub(crate) run: tokio::task::JoinHandle<tether_supervisor::ShutdownOutcome>,
     /// Probing stops when this is dropped.
     pub(crate) probes: tether_probes::ProbeSet,
+    pub(crate) registry: prometheus::Registry,
 }
 
 async fn config_of(server: &ApiServer) -> kube::Config {
@@ -308,22 +354,35 @@ pub(crate) async fn start_in_process(
     remotes: &[(&str, &ApiServer)],
     probe: tether_probes::ProbeConfig,
 ) -> InProcess {
-    use tether::manager::{ManagedRemote, WatchManager};
+    let required: Vec<_> = remotes
+        .iter()
+        .map(|(name, server)| (*name, *server, true))
+        .collect();
+    start_in_process_with(&required, probe).await
+}
+
+/// As [`start_in_process`], with each remote's `required` flag.
+pub(crate) async fn start_in_process_with(
+    remotes: &[(&str, &ApiServer, bool)],
+    probe: tether_probes::ProbeConfig,
+) -> InProcess {
+    use tether::manager::{Plan, WatchManager};
+    use tether::remote::ResolvedRemote;
 
     let registry = prometheus::Registry::new();
+    let stale_after = probe.detection_bound();
     let probes = tether_probes::ProbeSet::new(probe, &registry).expect("probes");
-    let mut watched = Vec::new();
-    let mut plan = Vec::new();
-    for (name, server) in remotes {
-        let config = config_of(server).await;
-        watched.push(tether_probes::Remote::new(*name, config.clone()));
-        plan.push(ManagedRemote {
+    let mut resolved = Vec::new();
+    for (name, server, required) in remotes {
+        resolved.push(ResolvedRemote {
             name: (*name).to_owned(),
-            required: true,
-            config,
+            required: *required,
+            config: config_of(server).await,
         });
     }
-    probes.sync(&watched).expect("sync");
+    probes
+        .sync(&tether::remote::probed(&resolved))
+        .expect("sync");
     let watch = vec![tether::config::WatchSpec {
         api_version: "v1".into(),
         kind: "ConfigMap".into(),
@@ -332,14 +391,19 @@ pub(crate) async fn start_in_process(
         namespace: None,
         label_selector: None,
     }];
+    let plan = Plan {
+        remotes: resolved,
+        watch,
+    };
     let manager =
-        WatchManager::new(&registry, probes.handle(), plan, watch, true).expect("manager");
+        WatchManager::new(&registry, probes.handle(), plan, stale_after).expect("manager");
     let manager_handle = manager.handle();
     let (status, root, run) = spawn_supervisor(
         manager,
         Duration::from_millis(1),
         Duration::from_millis(1),
         &registry,
+        probes.handle().signals(),
     );
     InProcess {
         status,
@@ -347,16 +411,19 @@ pub(crate) async fn start_in_process(
         root,
         run,
         probes,
+        registry,
     }
 }
 
-/// Runs a supervisor over `factory` with an unjittered backoff from
-/// `initial` to `max`: its handle, its root token, and its task.
+/// Runs a supervisor over `factory`, ending cycles on `signals`, with an
+/// unjittered backoff from `initial` to `max`: its handle, its root token,
+/// and its task.
 pub(crate) fn spawn_supervisor<F: tether_supervisor::ManagerFactory + 'static>(
     factory: F,
     initial: Duration,
     max: Duration,
     registry: &prometheus::Registry,
+    signals: impl futures_util::Stream<Item = tether_supervisor::RemoteSignal> + Send + 'static,
 ) -> (
     tether_supervisor::SupervisorHandle,
     tokio_util::sync::CancellationToken,
@@ -373,7 +440,8 @@ pub(crate) fn spawn_supervisor<F: tether_supervisor::ManagerFactory + 'static>(
         SupervisorConfig::default().with_backoff(backoff),
         registry,
     )
-    .expect("supervisor");
+    .expect("supervisor")
+    .end_cycles_on(signals);
     let status = supervisor.handle();
     let root = tokio_util::sync::CancellationToken::new();
     let run = tokio::spawn(supervisor.run(root.clone()));

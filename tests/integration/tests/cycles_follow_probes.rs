@@ -1,13 +1,13 @@
-//! The supervisor's cycles driven by real probe transitions: a lost remote
-//! ends the cycle once; a remote that is already down when a cycle starts
-//! does not end it again; its recovery ends it so clients reconnect fresh.
+//! The supervisor's cycles driven by real probe transitions, wired exactly as
+//! `tether run` wires them (`Supervisor::end_cycles_on(probes.signals())`):
+//! a lost remote ends the cycle once; a remote that is already down when a
+//! cycle starts does not end it again; its recovery ends it so clients
+//! reconnect fresh. The manager has no code of its own for any of this.
 
 use std::time::Duration;
 
 use prometheus::Registry;
-use tether_probes::{
-    CycleEnd, ProbeConfig, ProbeSet, ProbeSetHandle, Reachability, Remote, next_cycle_end,
-};
+use tether_probes::{ProbeConfig, ProbeSet, Reachability, Remote};
 use tether_supervisor::{
     BackoffConfig, Cause, CycleToken, ManagerError, ManagerFactory, Supervisor, SupervisorConfig,
 };
@@ -17,27 +17,15 @@ use tokio::time::timeout;
 
 const DEADLINE: Duration = Duration::from_secs(20);
 
-/// A manager that does nothing but end its cycle when a remote it uses is
-/// lost or recovers, the way tether's own manager is wired.
-struct WatchesRemotes {
-    probes: ProbeSetHandle,
+/// A manager that only reports its cycles and waits for them to end.
+struct Reports {
     cycles: mpsc::UnboundedSender<CycleToken>,
 }
 
-impl ManagerFactory for WatchesRemotes {
+impl ManagerFactory for Reports {
     async fn run(&self, cycle: CycleToken) -> Result<(), ManagerError> {
-        // Subscribe before anything else: only transitions during this
-        // cycle count.
-        let mut transitions = self.probes.subscribe();
         let _ = self.cycles.send(cycle.clone());
-        tokio::select! {
-            () = cycle.cancelled() => {}
-            end = next_cycle_end(&mut transitions, |_| true, true) => match end {
-                Some(CycleEnd::Lost(remote)) => { cycle.cancel(Cause::remote_lost(remote)); }
-                Some(CycleEnd::Recovered(remote)) => { cycle.cancel(Cause::remote_recovered(remote)); }
-                None => {}
-            },
-        }
+        cycle.cancelled().await;
         Ok(())
     }
 }
@@ -72,16 +60,15 @@ async fn a_lost_remote_ends_one_cycle_and_its_recovery_ends_the_next() {
     let handle = probes.handle();
 
     let (tx, mut cycles) = mpsc::unbounded_channel();
-    let factory = WatchesRemotes {
-        probes: handle.clone(),
-        cycles: tx,
-    };
+    let factory = Reports { cycles: tx };
     let supervisor_config = SupervisorConfig::default().with_backoff(
         BackoffConfig::default()
             .with_initial(Duration::from_millis(50))
             .with_jitter(0.0),
     );
-    let supervisor = Supervisor::new(factory, supervisor_config, &registry).expect("supervisor");
+    let supervisor = Supervisor::new(factory, supervisor_config, &registry)
+        .expect("supervisor")
+        .end_cycles_on(handle.signals());
     let root = tokio_util::sync::CancellationToken::new();
     let run = tokio::spawn(supervisor.run(root.clone()));
 

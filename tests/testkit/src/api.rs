@@ -549,6 +549,7 @@ fn watch(
                 bookmark_every: bookmarks.then(|| shared.bookmark_interval()),
                 timeout,
                 conn,
+                cut: shared.watch_cut(),
                 _open: OpenWatch(Arc::clone(shared)),
             };
             tokio::spawn(stream.run(start));
@@ -577,6 +578,8 @@ struct WatchStream {
     bookmark_every: Option<Duration>,
     timeout: Duration,
     conn: CancellationToken,
+    /// Cut under `refuse_new`: the watch's connection is reset.
+    cut: CancellationToken,
     _open: OpenWatch,
 }
 
@@ -615,6 +618,10 @@ impl WatchStream {
         loop {
             let chunk = tokio::select! {
                 () = self.conn.cancelled() => return,
+                () = self.cut.cancelled() => {
+                    self.conn.cancel();
+                    return;
+                }
                 () = &mut deadline => return,
                 () = self.tx.closed() => return,
                 _ = ticks.tick(), if self.bookmark_every.is_some() => bookmark(self.resource, self.seen, false),

@@ -14,6 +14,12 @@ pub enum Fault {
     /// The listener is closed: connections are refused. Open connections are
     /// reset.
     Refuse,
+    /// The listener is closed, so new connections are refused, while
+    /// established connections are still served: a firewall change that
+    /// keeps its tracked flows, a draining load balancer, an apiserver out of
+    /// file descriptors. A connection that carries a watch is reset, as a
+    /// long-lived stream's flow is cut, so its client must reconnect.
+    RefuseNew,
     /// Connections are accepted and never answered. Open connections are
     /// reset, as a cluster deletion kills them.
     Hang,
@@ -44,36 +50,29 @@ impl Fault {
             Self::Refuse | Self::Hang | Self::Reset | Self::TlsMismatch
         )
     }
+
+    /// Whether the server has no listener under this fault.
+    pub(crate) fn closes_listener(&self) -> bool {
+        matches!(self, Self::Refuse | Self::RefuseNew)
+    }
 }
 
-/// Parses `800ms`, `2s` or `1m`.
+/// Parses a duration such as `800ms`, `2s` or `1m`: jiff's friendly
+/// grammar, the same as tether's configuration takes.
 ///
 /// # Errors
 ///
-/// A message naming the value if it is not a number with one of those units.
+/// A message naming the value if it is not a duration.
 pub fn parse_duration(value: &str) -> Result<Duration, String> {
-    let value = value.trim();
-    let split = value
-        .find(|c: char| !c.is_ascii_digit())
-        .ok_or_else(|| format!("{value:?} has no unit (ms, s or m)"))?;
-    let (number, unit) = value.split_at(split);
-    let number: u64 = number
-        .parse()
-        .map_err(|_| format!("{value:?} does not start with a number"))?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(number)),
-        "s" => Ok(Duration::from_secs(number)),
-        "m" => Ok(Duration::from_secs(number * 60)),
-        _ => Err(format!(
-            "{value:?} has an unknown unit {unit:?} (ms, s or m)"
-        )),
-    }
+    jiff::fmt::friendly::SpanParser::new()
+        .parse_unsigned_duration(value.trim())
+        .map_err(|err| format!("{value:?} is not a duration like 800ms, 2s or 1m: {err}"))
 }
 
 impl FromStr for Fault {
     type Err = String;
 
-    /// `up`, `refuse`, `hang`, `reset`, `tls_mismatch`, `status=503`,
+    /// `up`, `refuse`, `refuse_new`, `hang`, `reset`, `tls_mismatch`, `status=503`,
     /// `status=503,all`, `slow=800ms`, `flap=1,0,0,1`.
     fn from_str(input: &str) -> Result<Self, Self::Err> {
         let input = input.trim();
@@ -81,6 +80,7 @@ impl FromStr for Fault {
         match (name, arg) {
             ("up", "") => Ok(Self::Up),
             ("refuse", "") => Ok(Self::Refuse),
+            ("refuse_new", "") => Ok(Self::RefuseNew),
             ("hang", "") => Ok(Self::Hang),
             ("reset", "") => Ok(Self::Reset),
             ("tls_mismatch", "") => Ok(Self::TlsMismatch),
@@ -116,7 +116,7 @@ impl FromStr for Fault {
                 Ok(Self::Flap(steps))
             }
             _ => Err(format!(
-                "unknown fault {input:?}: expected up, refuse, hang, reset, tls_mismatch, status=CODE[,all], slow=DURATION or flap=1,0,..."
+                "unknown fault {input:?}: expected up, refuse, refuse_new, hang, reset, tls_mismatch, status=CODE[,all], slow=DURATION or flap=1,0,..."
             )),
         }
     }
@@ -127,6 +127,7 @@ impl fmt::Display for Fault {
         match self {
             Self::Up => f.write_str("up"),
             Self::Refuse => f.write_str("refuse"),
+            Self::RefuseNew => f.write_str("refuse_new"),
             Self::Hang => f.write_str("hang"),
             Self::Reset => f.write_str("reset"),
             Self::TlsMismatch => f.write_str("tls_mismatch"),
@@ -151,6 +152,7 @@ mod tests {
         let faults = [
             Fault::Up,
             Fault::Refuse,
+            Fault::RefuseNew,
             Fault::Hang,
             Fault::Reset,
             Fault::TlsMismatch,

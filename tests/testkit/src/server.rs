@@ -9,9 +9,12 @@
 //!   moment and none accepted after.
 //! - A killed connection is reset (`SO_LINGER` 0), not closed politely: a
 //!   deleted cluster does not say goodbye.
-//! - While the fault is `refuse`, no listener exists, so the kernel refuses
-//!   connections; one accepted while the listener closes is reset. Leaving
-//!   `refuse` binds the same port again.
+//! - While the fault is `refuse` or `refuse_new`, no listener exists, so the
+//!   kernel refuses connections; one accepted while the listener closes is
+//!   reset. Leaving the fault binds the same port again.
+//! - Under `refuse_new`, established connections are served, but every
+//!   watch is cut: its connection is reset, whether the watch was open when
+//!   the fault began or started on a kept connection since.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -155,6 +158,8 @@ struct State {
     mismatched: Option<Identity>,
     token: Option<String>,
     generation: CancellationToken,
+    /// Cancelled while the fault is `refuse_new`: every watch under it is cut.
+    watch_cut: CancellationToken,
     acceptor: Option<JoinHandle<()>>,
 }
 
@@ -192,6 +197,11 @@ impl Shared {
 
     pub(crate) fn fault(&self) -> Fault {
         self.state().fault.clone()
+    }
+
+    /// The token that cuts a watch starting now.
+    pub(crate) fn watch_cut(&self) -> CancellationToken {
+        self.state().watch_cut.child_token()
     }
 
     /// Steps the flap script; returns whether this tick is up.
@@ -300,6 +310,7 @@ impl ApiServer {
                 mismatched: None,
                 token: options.token.clone(),
                 generation: CancellationToken::new(),
+                watch_cut: CancellationToken::new(),
                 acceptor: None,
             }),
             requests: Mutex::default(),
@@ -370,13 +381,14 @@ impl ApiServer {
     ///
     /// # Errors
     ///
-    /// [`Error::Bind`] if leaving `refuse` cannot bind the port again, and
+    /// [`Error::Bind`] if leaving `refuse` or `refuse_new` cannot bind the
+    /// port again, and
     /// [`Error::Unsupported`] for `tls_mismatch` on a plain-HTTP server.
     ///
     /// # Cancellation safety
     ///
-    /// Not cancel safe: dropped while leaving `refuse`, the server may stay
-    /// without a listener until the next call.
+    /// Not cancel safe: dropped while leaving `refuse` or `refuse_new`, the
+    /// server may stay without a listener until the next call.
     pub async fn set_fault(&self, fault: Fault) -> Result<()> {
         if fault == Fault::TlsMismatch && !self.shared.options.tls {
             return Err(Error::Unsupported(
@@ -396,7 +408,12 @@ impl ApiServer {
             if fault.kills_connections() {
                 Shared::kill_connections(&mut state);
             }
-            if fault == Fault::Refuse {
+            if fault == Fault::RefuseNew {
+                state.watch_cut.cancel();
+            } else if state.watch_cut.is_cancelled() {
+                state.watch_cut = CancellationToken::new();
+            }
+            if fault.closes_listener() {
                 Shared::stop_listening(&mut state)
             } else {
                 None
@@ -406,7 +423,7 @@ impl ApiServer {
             // Wait until the task, and with it the listener, is gone.
             let _ = task.await;
         }
-        if fault != Fault::Refuse {
+        if !fault.closes_listener() {
             self.ensure_listening().await?;
         }
         debug!(server = %self.shared.addr, %fault, "fault set");
@@ -595,9 +612,9 @@ async fn serve_connection(
         let _ = socket.set_linger(Some(Duration::ZERO));
     };
     match fault {
-        // Accepted while the listener was being closed for `refuse`: a
-        // refused server has no listener, so it never serves this.
-        Fault::Reset | Fault::Refuse => return reset(),
+        // Accepted while the listener was being closed: a refusing server
+        // has no listener, so it never serves this.
+        Fault::Reset | Fault::Refuse | Fault::RefuseNew => return reset(),
         Fault::Hang => {
             kill.cancelled().await;
             return reset();
