@@ -209,7 +209,7 @@ impl Daemon {
             .map_err(|err| ConfigError {
                 file: next.label(),
                 field: "remotes".to_owned(),
-                message: err.to_string(),
+                message: tether_supervisor::error_chain(&err),
             })?;
         for (changed, what) in [
             (next.admin_address != self.config.admin_address, "admin"),

@@ -286,7 +286,10 @@ async fn check(args: &ConfigArgs) -> ExitCode {
     let rows = match tether_probes::check(&remote::probed(&remotes), &config.probe).await {
         Ok(rows) => rows,
         Err(err) => {
-            eprintln!("tether: invalid configuration: {err}");
+            eprintln!(
+                "tether: invalid configuration: {}",
+                tether_supervisor::error_chain(&err)
+            );
             return ExitCode::from(2);
         }
     };

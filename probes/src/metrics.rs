@@ -1,4 +1,7 @@
-//! The probes' Prometheus metrics, with DESIGN.md's names and labels.
+//! The probes' Prometheus metrics. Names follow Prometheus's conventions
+//! (`_total` counters, `_seconds` units); label values come from closed sets
+//! or the configured remote names, never from error text. `docs/metrics.md`
+//! lists them.
 
 use prometheus::{
     GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,

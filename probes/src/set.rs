@@ -13,9 +13,12 @@
 //!   has its own deadline (`timeout` ≤ `interval / 2`), so one remote never
 //!   delays another, and a probe always reports before the next is due.
 //! - A remote [suspected](ProbeSetHandle::suspect) by a manager that failed
-//!   to reach it is probed at once on a new connection, at most once per
-//!   interval; a suspicion within that interval makes the next regular probe
-//!   use a new connection instead.
+//!   to reach it is probed on a new connection: at once if its last probe
+//!   succeeded and no early probe ran since the last regular tick (at most
+//!   one early probe, for a suspicion or a closed connection, between two
+//!   regular ticks); else the next regular probe uses a new connection. So a
+//!   suspicion reveals what a kept connection hides, and never hurries a
+//!   failing remote toward the threshold.
 //! - A task that panics is restarted after one interval; the panic is
 //!   logged and counted.
 //! - Every state change is logged once, counted in
@@ -428,10 +431,11 @@ impl ProbeSetHandle {
     }
 
     /// Tells the probes that a manager failed to reach `name` (a list or a
-    /// watch that could not connect): the remote is probed at once on a new
-    /// connection, at most once per interval, so that a kept connection
-    /// that still answers cannot hide a remote that takes no new ones.
-    /// Unknown names are ignored.
+    /// watch that could not connect): the remote is probed on a new
+    /// connection, so that a kept connection that still answers cannot hide
+    /// a remote that takes no new ones. The probe runs at once if the remote
+    /// was answering and no early probe ran since the last regular tick;
+    /// else the next regular probe connects anew. Unknown names are ignored.
     pub fn suspect(&self, name: &str) {
         if let Some(probe) = self.inner.probe_of(name) {
             probe.suspected.notify_one();
@@ -513,13 +517,14 @@ async fn probe_loop(inner: &Inner, shared: &Shared, stop: &CancellationToken) {
     let config = &inner.config;
     let mut client: Option<(u64, ProbeClient)> = None;
     let mut next = Instant::now();
-    // At most one early probe between two regular ticks.
+    // At most one early probe between two regular ticks, whether the kept
+    // connection closed or a manager suspected the remote, so that neither
+    // can multiply the probes, and two failures a moment apart never count
+    // as a sustained outage on their own.
     let mut early = false;
     let mut may_probe_early = true;
-    // A suspicion makes the next probe use a new connection; it probes at
-    // once if no suspicion did within the last interval.
+    // A suspicion makes the next probe, early or not, use a new connection.
     let mut fresh = false;
-    let mut last_suspected: Option<Instant> = None;
     loop {
         let closed = async {
             match client.as_mut() {
@@ -527,24 +532,27 @@ async fn probe_loop(inner: &Inner, shared: &Shared, stop: &CancellationToken) {
                 None => std::future::pending().await,
             }
         };
+        let suspected = shared.suspected.notified();
         tokio::select! {
             biased;
             () = stop.cancelled() => return,
             () = tokio::time::sleep_until(next) => {}
-            () = shared.suspected.notified() => {
+            () = suspected => {
                 fresh = true;
-                let now = Instant::now();
-                if last_suspected.is_none_or(|at| now - at >= config.interval) {
-                    last_suspected = Some(now);
-                    next = now;
+                // Once the remote fails, every probe connects anew anyway: a
+                // suspicion then changes nothing, and must not hurry the
+                // failures toward the threshold.
+                let answering = shared.lock().tracker.consecutive_failures() == 0;
+                if may_probe_early && answering {
+                    next = Instant::now();
+                    early = true;
                 }
                 continue;
             }
             () = closed => {
                 // The remote closed the connection kept for probing, as a
                 // stopping apiserver does: probe now rather than at the next
-                // tick. Once between regular ticks, so a server that closes
-                // idle connections cannot multiply the probes.
+                // tick.
                 if may_probe_early {
                     next = Instant::now();
                     early = true;

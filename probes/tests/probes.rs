@@ -606,14 +606,45 @@ async fn check_probes_each_identity_once_and_reports_every_name() {
     assert_eq!(up.requests("/readyz"), 1, "one identity was probed twice");
 }
 
+/// `server` probed as remote `a` with `config`, watched from before its
+/// first probe: the set (probing stops when it is dropped), its handle, and
+/// its transitions.
+async fn probing(
+    server: &ApiServer,
+    config: ProbeConfig,
+) -> (ProbeSet, ProbeSetHandle, broadcast::Receiver<Transition>) {
+    let probes = ProbeSet::new(config, &Registry::new()).expect("probe set");
+    let handle = probes.handle();
+    let transitions = handle.subscribe();
+    probes
+        .sync(&[Remote::new("a", config_of(server).await)])
+        .expect("sync");
+    (probes, handle, transitions)
+}
+
+/// Probes every `interval` exactly, each with a deadline of `TIMEOUT`.
+fn every(interval: Duration) -> ProbeConfig {
+    ProbeConfig::default()
+        .with_interval(interval)
+        .with_timeout(TIMEOUT)
+        .with_jitter(0.0)
+}
+
+/// Waits until `server` has answered `n` probes in all.
+async fn answered(server: &ApiServer, n: u64) {
+    timeout(DEADLINE, async {
+        while server.requests("/readyz") < n {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("probe {n} never came"));
+}
+
 /// A probe set whose next regular tick is a minute away, so that only an
 /// early probe can find anything within a test.
 fn slow_ticks() -> ProbeConfig {
-    ProbeConfig::default()
-        .with_interval(DEADLINE * 3)
-        .with_timeout(TIMEOUT)
-        .with_jitter(0.0)
-        .with_failure_threshold(1)
+    every(DEADLINE * 3).with_failure_threshold(1)
 }
 
 #[tokio::test]
@@ -621,12 +652,7 @@ async fn a_suspected_remote_is_probed_at_once_on_a_new_connection() {
     let server = ApiServer::start(Options::default().tls(true))
         .await
         .expect("server");
-    let probes = ProbeSet::new(slow_ticks(), &Registry::new()).expect("probe set");
-    let handle = probes.handle();
-    let mut transitions = handle.subscribe();
-    probes
-        .sync(&[Remote::new("a", config_of(&server).await)])
-        .expect("sync");
+    let (_probes, handle, mut transitions) = probing(&server, slow_ticks()).await;
     let up = next_transition(&mut transitions, "first probe").await;
     assert_eq!(up.to, Reachability::Reachable);
 
@@ -650,33 +676,13 @@ async fn a_suspected_remote_is_probed_at_once_on_a_new_connection() {
 }
 
 #[tokio::test]
-async fn suspicions_within_an_interval_make_one_early_probe_and_the_next_tick_reconnects() {
+async fn a_second_early_probe_waits_for_the_next_tick_which_reconnects() {
     let server = ApiServer::start(Options::default()).await.expect("server");
     let interval = Duration::from_secs(4);
-    let config = ProbeConfig::default()
-        .with_interval(interval)
-        .with_timeout(TIMEOUT)
-        .with_jitter(0.0);
-    let probes = ProbeSet::new(config, &Registry::new()).expect("probe set");
-    let handle = probes.handle();
-    probes
-        .sync(&[Remote::new("a", config_of(&server).await)])
-        .expect("sync");
-    let answered = |n: u64| {
-        let server = server.clone();
-        async move {
-            timeout(DEADLINE, async {
-                while server.requests("/readyz") < n {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-            })
-            .await
-            .unwrap_or_else(|_| panic!("probe {n} never came"));
-        }
-    };
-    answered(1).await;
+    let (_probes, handle, _) = probing(&server, every(interval)).await;
+    answered(&server, 1).await;
     handle.suspect("a");
-    answered(2).await;
+    answered(&server, 2).await;
     assert_eq!(
         server.stats().connections_accepted,
         2,
@@ -685,10 +691,10 @@ async fn suspicions_within_an_interval_make_one_early_probe_and_the_next_tick_re
 
     let second = Instant::now();
     handle.suspect("a");
-    answered(3).await;
+    answered(&server, 3).await;
     assert!(
         second.elapsed() >= interval / 2,
-        "a second suspicion within the interval probed early, after {:?}",
+        "a second early probe ran before the next tick, after {:?}",
         second.elapsed()
     );
     assert_eq!(
@@ -701,23 +707,10 @@ async fn suspicions_within_an_interval_make_one_early_probe_and_the_next_tick_re
 #[tokio::test]
 async fn a_kept_connection_past_its_age_is_replaced() {
     let server = ApiServer::start(Options::default()).await.expect("server");
-    let probes = ProbeSet::new(
-        fast(1, 1).with_max_connection_age(Duration::from_millis(350)),
-        &Registry::new(),
-    )
-    .expect("probe set");
-    let mut transitions = probes.handle().subscribe();
-    probes
-        .sync(&[Remote::new("a", config_of(&server).await)])
-        .expect("sync");
+    let config = fast(1, 1).with_max_connection_age(Duration::from_millis(350));
+    let (_probes, _, mut transitions) = probing(&server, config).await;
     next_transition(&mut transitions, "first probe").await;
-    timeout(DEADLINE, async {
-        while server.requests("/readyz") < 10 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .expect("ten probes");
+    answered(&server, 10).await;
     let accepted = server.stats().connections_accepted;
     assert!(
         (2..=5).contains(&accepted),
@@ -735,6 +728,7 @@ async fn a_kept_connection_past_its_age_is_replaced() {
 async fn signals_are_the_losses_and_recoveries_of_the_transitions() {
     let server = ApiServer::start(Options::default()).await.expect("server");
     let probes = ProbeSet::new(fast(1, 1), &Registry::new()).expect("probe set");
+    // Taken before the first probe, as the daemon takes it.
     let mut signals = std::pin::pin!(probes.handle().signals());
     probes
         .sync(&[Remote::new("a", config_of(&server).await)])
@@ -746,4 +740,34 @@ async fn signals_are_the_losses_and_recoveries_of_the_transitions() {
     server.set_fault(Fault::Up).await.expect("up");
     let back = timeout(DEADLINE, signals.next()).await.expect("a signal");
     assert_eq!(back, Some(RemoteSignal::Recovered("a".into())));
+}
+
+#[tokio::test]
+async fn suspicions_never_hurry_a_failing_remote_toward_the_threshold() {
+    let server = ApiServer::start(Options::default()).await.expect("server");
+    let interval = Duration::from_secs(2);
+    let (_probes, handle, _) = probing(&server, every(interval)).await;
+    until(&handle, "a", "reachable", |s| {
+        s.state == Reachability::Reachable
+    })
+    .await;
+    server.set_fault(Fault::Refuse).await.expect("refuse");
+    // The kept connection closes: an early probe, then a regular one.
+    until(&handle, "a", "two failures", |s| {
+        s.consecutive_failures == 2
+    })
+    .await;
+    let second = Instant::now();
+    for _ in 0..3 {
+        handle.suspect("a");
+    }
+    until(&handle, "a", "three failures", |s| {
+        s.consecutive_failures == 3
+    })
+    .await;
+    assert!(
+        second.elapsed() >= interval / 2,
+        "a suspicion probed a failing remote early: the third failure came {:?} after the second",
+        second.elapsed()
+    );
 }

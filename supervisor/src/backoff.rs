@@ -15,10 +15,11 @@ use crate::{Error, Result};
 
 /// Settings of the backoff between cycles.
 ///
-/// The defaults are the multi-cluster shim's tested values (see
-/// `shared/reference/shim-lost-remote-apiserver-rebuild.txt`): initial 1s,
-/// factor 2, jitter 0.2, cap 30s. They reach the cap after five failures, and a
-/// remote that is down for good costs one rebuild every 24–36s.
+/// The defaults are the values a Go multi-cluster shim ran in production
+/// for this same job (rebuilding a manager after a lost remote): initial 1s,
+/// factor 2, jitter 0.2, cap 30s. They reach the cap after five failures,
+/// and a manager that fails at once every time is rebuilt every 24–36s, not
+/// in a storm.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BackoffConfig {
     /// The first wait. Default 1s.

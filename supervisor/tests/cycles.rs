@@ -14,7 +14,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use prometheus::Registry;
-use prometheus::proto::MetricType;
 use tether_supervisor::{
     BackoffConfig, Cause, CauseKind, CycleToken, Error, ManagerError, ManagerFactory, Phase,
     ShutdownOutcome, Status, Supervisor, SupervisorConfig, SupervisorHandle,
@@ -24,8 +23,9 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout};
 use tokio_util::sync::CancellationToken;
 
-/// Far longer than any schedule in these tests, on the paused clock.
-const DEADLOCK: Duration = Duration::from_secs(3600);
+mod common;
+
+use common::DEADLOCK;
 
 /// What the manager of one cycle does. Cycles past the script run until
 /// cancelled.
@@ -179,41 +179,14 @@ impl Harness {
         );
     }
 
-    /// Polls the status until `pred` holds, yielding to the loop in between.
     async fn until(&self, what: &str, pred: impl Fn(&Status) -> bool) -> Status {
-        for _ in 0..1000 {
-            let status = self.handle.status();
-            if pred(&status) {
-                return status;
-            }
-            tokio::task::yield_now().await;
-        }
-        panic!("never reached: {what}; status {:?}", self.handle.status());
+        common::until(&self.handle, what, pred).await
     }
 
     fn value(&self, name: &str, label: Option<(&str, &str)>) -> f64 {
-        let family = self
-            .registry
-            .gather()
-            .into_iter()
-            .find(|f| f.name() == name)
-            .unwrap_or_else(|| panic!("{name} is not registered"));
-        let metric = family
-            .get_metric()
-            .iter()
-            .find(|m| {
-                label.is_none_or(|(k, v)| {
-                    m.get_label()
-                        .iter()
-                        .any(|l| l.name() == k && l.value() == v)
-                })
-            })
-            .unwrap_or_else(|| panic!("{name} has no series {label:?}"));
-        if family.get_field_type() == MetricType::COUNTER {
-            metric.get_counter().get_value()
-        } else {
-            metric.get_gauge().get_value()
-        }
+        let labels: Vec<(&str, &str)> = label.into_iter().collect();
+        common::metric(&self.registry, name, &labels)
+            .unwrap_or_else(|| panic!("{name} has no series {label:?}"))
     }
 
     fn ended(&self, kind: CauseKind) -> f64 {

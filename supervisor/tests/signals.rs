@@ -6,7 +6,6 @@
 #![allow(clippy::float_cmp)]
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use prometheus::Registry;
 use tether_supervisor::{
@@ -19,8 +18,9 @@ use tokio::task::JoinHandle;
 use tokio::time::timeout;
 use tokio_util::sync::CancellationToken;
 
-/// Far longer than any schedule in these tests, on the paused clock.
-const DEADLOCK: Duration = Duration::from_secs(3600);
+mod common;
+
+use common::DEADLOCK;
 
 /// One run of one remote's part, as the manager saw it begin.
 #[derive(Debug)]
@@ -160,40 +160,21 @@ impl Harness {
     }
 
     async fn until(&self, what: &str, pred: impl Fn(&Status) -> bool) -> Status {
-        for _ in 0..1000 {
-            let status = self.handle.status();
-            if pred(&status) {
-                return status;
-            }
-            tokio::task::yield_now().await;
-        }
-        panic!("never reached: {what}; status {:?}", self.handle.status());
-    }
-
-    fn counter(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-        self.registry
-            .gather()
-            .into_iter()
-            .find(|f| f.name() == name)?
-            .get_metric()
-            .iter()
-            .find(|m| {
-                labels.iter().all(|(k, v)| {
-                    m.get_label()
-                        .iter()
-                        .any(|l| l.name() == *k && l.value() == *v)
-                })
-            })
-            .map(|m| m.get_counter().get_value())
+        common::until(&self.handle, what, pred).await
     }
 
     fn ended(&self, kind: CauseKind) -> f64 {
-        self.counter("tether_cycles_total", &[("cause", kind.as_str())])
-            .expect("every cause is exported")
+        common::metric(
+            &self.registry,
+            "tether_cycles_total",
+            &[("cause", kind.as_str())],
+        )
+        .expect("every cause is exported")
     }
 
     fn restarts(&self, remote: &str, cause: CauseKind) -> Option<f64> {
-        self.counter(
+        common::metric(
+            &self.registry,
             "tether_remote_restarts_total",
             &[("remote", remote), ("cause", cause.as_str())],
         )

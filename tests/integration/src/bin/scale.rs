@@ -166,48 +166,13 @@ fn machine() -> Value {
 }
 
 fn today() -> String {
-    let days = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() / 86_400);
-    let (y, m, d) = civil_from_days(i64::try_from(days).unwrap_or(0));
-    format!("{y:04}-{m:02}-{d:02}")
+    jiff::Timestamp::now().strftime("%Y-%m-%d").to_string()
 }
 
-/// Howard Hinnant's `civil_from_days`.
-fn civil_from_days(z: i64) -> (i64, i64, i64) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
-}
-
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = if m > 2 { m - 3 } else { m + 9 };
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
-/// Seconds since the epoch of an RFC 3339 UTC timestamp, as tracing writes.
+/// Seconds since the epoch of an RFC 3339 timestamp, as tracing writes.
 fn parse_timestamp(text: &str) -> Option<f64> {
-    let (date, time) = text.trim_end_matches('Z').split_once('T')?;
-    let mut ymd = date.split('-').map(|p| p.parse::<i64>().ok());
-    let (year, month, day) = (ymd.next()??, ymd.next()??, ymd.next()??);
-    let mut hms = time.split(':');
-    let hours: f64 = hms.next()?.parse().ok()?;
-    let minutes: f64 = hms.next()?.parse().ok()?;
-    let seconds: f64 = hms.next()?.parse().ok()?;
-    #[allow(clippy::cast_precision_loss)]
-    let days = days_from_civil(year, month, day) as f64;
-    Some(days * 86_400.0 + hours * 3600.0 + minutes * 60.0 + seconds)
+    let at: jiff::Timestamp = text.parse().ok()?;
+    Some(at.as_duration().as_secs_f64())
 }
 
 fn now() -> f64 {
@@ -680,18 +645,8 @@ fn scale(args: &Args) -> Result<Value> {
     let tether_peak = tether.kib("VmHWM");
     let tether_rss = tether.kib("VmRSS");
 
-    let mut scrapes = Vec::new();
-    let mut size = 0;
-    for _ in 0..5 {
-        let (status, body, took) = http_get(&admin, "/metrics")?;
-        if status != 200 {
-            return Err(format!("/metrics answered {status}"));
-        }
-        size = body.len();
-        scrapes.push(took.as_secs_f64() * 1000.0);
-    }
-    let scrape_max = scrapes.iter().copied().fold(0.0, f64::max);
-    let scrape_median = median(&mut scrapes);
+    let (scrape_median, scrape_max, size) = timed_gets(&admin, "/metrics")?;
+    let (status_median, status_max, status_size) = timed_gets(&admin, "/status.json")?;
 
     let mut rows = vec![
         ("remotes".to_owned(), count.to_string()),
@@ -720,6 +675,13 @@ fn scale(args: &Args) -> Result<Value> {
                 size / 1024
             ),
         ),
+        (
+            "/status.json (median / max of 5)".to_owned(),
+            format!(
+                "{status_median:.1} / {status_max:.1} ms, {} KiB",
+                status_size / 1024
+            ),
+        ),
     ];
     let mut report = json!({
         "remotes": count,
@@ -734,6 +696,9 @@ fn scale(args: &Args) -> Result<Value> {
             "metrics_scrape_ms_median": scrape_median,
             "metrics_scrape_ms_max": scrape_max,
             "metrics_bytes": size,
+            "status_json_ms_median": status_median,
+            "status_json_ms_max": status_max,
+            "status_json_bytes": status_size,
             "failure_threshold": threshold,
         },
     });
@@ -782,6 +747,22 @@ fn scale(args: &Args) -> Result<Value> {
     }
     print_table(&rows);
     Ok(report)
+}
+
+/// Five `GET path`s: the median and the most milliseconds, and the size.
+fn timed_gets(admin: &str, path: &str) -> Result<(f64, f64, usize)> {
+    let mut times = Vec::new();
+    let mut size = 0;
+    for _ in 0..5 {
+        let (status, body, took) = http_get(admin, path)?;
+        if status != 200 {
+            return Err(format!("{path} answered {status}"));
+        }
+        size = body.len();
+        times.push(took.as_secs_f64() * 1000.0);
+    }
+    let max = times.iter().copied().fold(0.0, f64::max);
+    Ok((median(&mut times), max, size))
 }
 
 fn print_table(rows: &[(String, String)]) {
@@ -1060,6 +1041,82 @@ fn detection(trials: usize) -> Result<Value> {
     ));
     report["rebuild_ms"] =
         json!({ "samples": rebuilds, "median": med, "max": sorted[sorted.len() - 1] });
+
+    // refuse_new: the probe's kept connection still answers. With the
+    // manager's hint, from its first failed reconnect to remote_lost; the
+    // bound is (threshold−1)·interval + deadline, plus one interval.
+    let mut hinted = Vec::new();
+    for trial in 0..trials {
+        let i = trial % 3;
+        std::thread::sleep(Duration::from_millis(1000 + fastrand::u64(..1000)));
+        let struck = now();
+        remotes.set_fault(i, &Fault::RefuseNew)?;
+        let (failed, _) = tether.wait_event("watch failing; retrying with backoff", |at, f| {
+            at >= struck && f["remote"] == name(i).as_str()
+        })?;
+        let (lost, _) = tether.wait_event("cycle ended", |at, f| {
+            at >= struck && f["cause"] == format!("remote_lost (remote {})", name(i)).as_str()
+        })?;
+        hinted.push(lost - failed);
+        eprintln!(
+            "refuse_new trial {}: remote_lost {:.3}s after the first failed reconnect",
+            trial + 1,
+            lost - failed
+        );
+        remotes.set_fault(i, &Fault::Up)?;
+        tether.wait_event("manager up: every required cache synced", |at, _| at > lost)?;
+    }
+    drop(tether);
+    let bound = ideal + interval;
+    let mut sorted = hinted.clone();
+    let med = median(&mut sorted);
+    rows.push((
+        format!("refuse_new with the manager's hint: first failed reconnect to remote_lost (bound {bound:.1}s)"),
+        format!("median {med:.2}s, max {:.2}s", sorted[sorted.len() - 1]),
+    ));
+    report["refuse_new_hinted_seconds"] =
+        json!({ "samples": hinted, "median": med, "bound": bound });
+
+    // Without a manager (watch: []), only the connection's age finds it.
+    let max_age = 5.0;
+    let config = tether_config(
+        &remotes,
+        &admin,
+        "{ interval: 1s, timeout: 500ms, failureThreshold: 3, jitter: 0.1, maxConnectionAge: 5s }",
+        "{ backoff: { initial: 200ms, max: 200ms, jitter: 0.0 } }",
+        "[]",
+    )?;
+    let mut tether = start_tether(&config)?;
+    until_all_reachable(&mut tether, &admin, 3)?;
+    let mut aged = Vec::new();
+    for trial in 0..trials {
+        let i = trial % 3;
+        std::thread::sleep(Duration::from_millis(1000 + fastrand::u64(..1000)));
+        let struck = now();
+        remotes.set_fault(i, &Fault::RefuseNew)?;
+        let remote = format!("{:?}", [name(i)]);
+        let (lost, _) = tether.wait_event("remote apiserver unreachable", |at, f| {
+            at >= struck && f["remotes"] == remote.as_str()
+        })?;
+        aged.push(lost - struck);
+        eprintln!(
+            "refuse_new trial {} without a manager: unreachable {:.3}s after the fault",
+            trial + 1,
+            lost - struck
+        );
+        remotes.set_fault(i, &Fault::Up)?;
+        tether.wait_event("remote apiserver reachable", |at, f| {
+            at > lost && f["remotes"] == remote.as_str()
+        })?;
+    }
+    let bound = max_age + threshold * interval * 1.1 + deadline;
+    let mut sorted = aged.clone();
+    let med = median(&mut sorted);
+    rows.push((
+        format!("refuse_new without a manager (maxConnectionAge 5s): fault to unreachable (bound {bound:.1}s)"),
+        format!("median {med:.2}s, max {:.2}s", sorted[sorted.len() - 1]),
+    ));
+    report["refuse_new_aged_seconds"] = json!({ "samples": aged, "median": med, "bound": bound });
     print_table(&rows);
     Ok(report)
 }
