@@ -20,7 +20,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus::{Encoder as _, IntGauge, Opts, Registry, TextEncoder};
-use serde_json::{Value, json};
+use serde::Serialize;
 use tether_probes::ProbeSetHandle;
 use tether_supervisor::SupervisorHandle;
 use tokio::net::TcpListener;
@@ -75,6 +75,102 @@ fn escape(text: &str) -> String {
 
 fn ago(time: Option<SystemTime>) -> Option<f64> {
     time.and_then(|t| t.elapsed().ok()).map(|d| d.as_secs_f64())
+}
+
+/// An optional text, escaped, or a dash.
+fn text(value: Option<&str>) -> String {
+    value.map_or_else(|| "—".to_owned(), escape)
+}
+
+/// Seconds to two decimals, or a dash.
+fn seconds(value: Option<f64>) -> String {
+    value.map_or_else(|| "—".to_owned(), |s| format!("{s:.2}"))
+}
+
+/// The process as `/status.json` and `/status` show it.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusView {
+    /// tether's version.
+    pub version: &'static str,
+    /// Whether the drain latch is set.
+    pub draining: bool,
+    /// The supervisor.
+    pub supervisor: SupervisorView,
+    /// Every configured remote, by name.
+    pub remotes: Vec<RemoteView>,
+}
+
+/// The supervisor, as the status page shows it.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SupervisorView {
+    /// The current (or last) cycle.
+    pub cycle: u64,
+    /// Where the loop is.
+    pub phase: String,
+    /// How old the current cycle is.
+    pub cycle_age_seconds: Option<f64>,
+    /// Whether the manager is up: what `/readyz` answers, but for draining.
+    pub manager_up: bool,
+    /// Why the last cycle ended, with its detail.
+    pub last_cause: Option<String>,
+    /// The wait before the next build, while backing off.
+    pub backoff_seconds: Option<f64>,
+    /// Ended cycles by cause.
+    pub ended: std::collections::BTreeMap<&'static str, u64>,
+}
+
+/// One remote, as the status page shows it.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RemoteView {
+    /// The configured name.
+    pub name: String,
+    /// `host:port`.
+    pub host: String,
+    /// Whether it gates readiness, and its loss ends the cycle.
+    pub required: bool,
+    /// Whether its part of the current cycle is stopped until it is back.
+    pub stopped_in_cycle: bool,
+    /// `unknown`, `reachable` or `unreachable`.
+    pub state: &'static str,
+    /// The current failure streak.
+    pub consecutive_failures: u32,
+    /// The status of the last answer.
+    pub last_status: Option<u16>,
+    /// Whether the last answer was 2xx.
+    pub ready: bool,
+    /// The class of the last failure.
+    pub last_cause: Option<&'static str>,
+    /// The root cause of the last failure.
+    pub last_error: Option<String>,
+    /// Why probes cannot be made from here, while they cannot.
+    pub local_error: Option<String>,
+    /// Seconds since the state last changed.
+    pub last_transition_seconds_ago: Option<f64>,
+    /// Seconds since the last probe finished.
+    pub last_probe_seconds_ago: Option<f64>,
+    /// The last probe's latency.
+    pub latency_seconds: Option<f64>,
+    /// The manager's caches of this remote.
+    pub caches: Vec<CacheView>,
+}
+
+/// One cache of the manager, as the status page shows it.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CacheView {
+    /// `configmaps`, `deployments.apps`, ...
+    pub resource: String,
+    /// Whether it has listed in this run of its remote.
+    pub synced: bool,
+    /// Whether its watch has failed for longer than the detection bound.
+    pub stale: bool,
+    /// Seconds since its watch began failing, while it is.
+    pub failing_seconds_ago: Option<f64>,
+    /// Objects in it.
+    pub objects: usize,
 }
 
 impl Admin {
@@ -156,89 +252,75 @@ impl Admin {
         )
     }
 
-    /// The state of the process, as `/status.json` shows it.
+    /// The state of the process, as `/status.json` and `/status` show it:
+    /// one view, built once per request, in time linear in the remotes.
     #[must_use]
-    pub fn status(&self) -> Value {
+    pub fn status(&self) -> StatusView {
         let caches = self.sources.manager.caches();
         let required = self.sources.manager.required();
         let status = self.sources.supervisor.status();
-        let remotes: Vec<Value> = self
+        let remotes = self
             .sources
             .probes
             .status()
             .into_iter()
             .map(|remote| {
                 // The caches are keyed by (remote, resource): one range each.
-                let from = (remote.name.clone(), String::new());
-                let remote_caches: Vec<Value> = caches
-                    .range(from..)
+                let caches = caches
+                    .range((remote.name.clone(), String::new())..)
                     .take_while(|((name, _), _)| *name == remote.name)
-                    .map(|((_, resource), cache)| {
-                        json!({
-                            "resource": resource,
-                            "synced": cache.synced,
-                            "stale": cache.stale,
-                            "failingSecondsAgo": ago(cache.failing_since),
-                            "objects": cache.objects,
-                        })
+                    .map(|((_, resource), cache)| CacheView {
+                        resource: resource.clone(),
+                        synced: cache.synced,
+                        stale: cache.stale,
+                        failing_seconds_ago: ago(cache.failing_since),
+                        objects: cache.objects,
                     })
                     .collect();
-                let stopped = status.stopped_remotes.binary_search(&remote.name).is_ok();
-                json!({
-                    "name": remote.name,
-                    "host": remote.host,
-                    "required": required.contains(&remote.name),
-                    "stoppedInCycle": stopped,
-                    "state": remote.state.as_str(),
-                    "consecutiveFailures": remote.consecutive_failures,
-                    "lastStatus": remote.last_status,
-                    "ready": remote.ready,
-                    "lastCause": remote.last_cause.map(tether_probes::FailureCause::as_str),
-                    "lastError": remote.last_error,
-                    "localError": remote.local_error,
-                    "lastTransitionSecondsAgo": ago(remote.last_transition),
-                    "lastProbeSecondsAgo": ago(remote.last_probe),
-                    "latencySeconds": remote.latency.map(|l| l.as_secs_f64()),
-                    "caches": remote_caches,
-                })
+                RemoteView {
+                    required: required.contains(&remote.name),
+                    stopped_in_cycle: status.stopped_remotes.binary_search(&remote.name).is_ok(),
+                    state: remote.state.as_str(),
+                    consecutive_failures: remote.consecutive_failures,
+                    last_status: remote.last_status,
+                    ready: remote.ready,
+                    last_cause: remote.last_cause.map(tether_probes::FailureCause::as_str),
+                    last_transition_seconds_ago: ago(remote.last_transition),
+                    last_probe_seconds_ago: ago(remote.last_probe),
+                    latency_seconds: remote.latency.map(|l| l.as_secs_f64()),
+                    caches,
+                    name: remote.name,
+                    host: remote.host,
+                    last_error: remote.last_error,
+                    local_error: remote.local_error,
+                }
             })
             .collect();
-        json!({
-            "version": env!("CARGO_PKG_VERSION"),
-            "draining": self.sources.draining.load(Ordering::SeqCst),
-            "supervisor": {
-                "cycle": status.cycle,
-                "phase": format!("{:?}", status.phase),
-                "cycleAgeSeconds": status.cycle_started.map(|t| t.elapsed().as_secs_f64()),
-                "managerUp": status.manager_up,
-                "lastCause": status.last_cause.as_ref().map(ToString::to_string),
-                "backoffSeconds": status.backoff.map(|b| b.as_secs_f64()),
-                "ended": status.ended.iter().map(|(k, v)| (k.as_str().to_owned(), json!(v))).collect::<serde_json::Map<_, _>>(),
+        StatusView {
+            version: env!("CARGO_PKG_VERSION"),
+            draining: self.sources.draining.load(Ordering::SeqCst),
+            supervisor: SupervisorView {
+                cycle: status.cycle,
+                phase: format!("{:?}", status.phase),
+                cycle_age_seconds: status.cycle_started.map(|t| t.elapsed().as_secs_f64()),
+                manager_up: status.manager_up,
+                last_cause: status.last_cause.as_ref().map(ToString::to_string),
+                backoff_seconds: status.backoff.map(|b| b.as_secs_f64()),
+                ended: status
+                    .ended
+                    .iter()
+                    .map(|(kind, count)| (kind.as_str(), *count))
+                    .collect(),
             },
-            "remotes": remotes,
-        })
+            remotes,
+        }
     }
 
     /// `/status` as a page a person reads after `kubectl port-forward`.
     #[must_use]
     pub fn status_html(&self) -> String {
         let status = self.status();
-        let s = &status["supervisor"];
-        let text = |v: &Value| match v {
-            Value::Null => "—".to_owned(),
-            Value::String(s) => escape(s),
-            Value::Number(n) => n.as_f64().map_or_else(
-                || n.to_string(),
-                |f| {
-                    if f.fract() == 0.0 {
-                        format!("{f:.0}")
-                    } else {
-                        format!("{f:.2}")
-                    }
-                },
-            ),
-            other => escape(&other.to_string()),
-        };
+        let s = &status.supervisor;
         let mut html = String::from(
             "<!doctype html><html><head><meta charset=\"utf-8\"><title>tether status</title><style>\
              body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse}\
@@ -253,63 +335,71 @@ impl Admin {
              <tr><th>cycle age (s)</th><td>{}</td></tr><tr><th>manager up</th><td>{}</td></tr>\
              <tr><th>last cause</th><td>{}</td></tr><tr><th>backoff (s)</th><td>{}</td></tr>\
              <tr><th>draining</th><td>{}</td></tr></table>",
-            text(&status["version"]),
-            text(&s["cycle"]),
-            text(&s["phase"]),
-            text(&s["cycleAgeSeconds"]),
-            text(&s["managerUp"]),
-            text(&s["lastCause"]),
-            text(&s["backoffSeconds"]),
-            text(&status["draining"]),
+            status.version,
+            s.cycle,
+            escape(&s.phase),
+            seconds(s.cycle_age_seconds),
+            s.manager_up,
+            text(s.last_cause.as_deref()),
+            seconds(s.backoff_seconds),
+            status.draining,
         );
         html.push_str(
             "<h2>Remotes</h2><table><tr><th>remote</th><th>host</th><th>gates readiness</th><th>state</th><th>failures</th>\
              <th>last cause</th><th>last error</th><th>last transition (s ago)</th><th>latency (s)</th>\
              <th>caches</th></tr>",
         );
-        for remote in status["remotes"].as_array().into_iter().flatten() {
-            let caches: Vec<String> = remote["caches"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|c| {
-                    let how = match (c["synced"] == true, c["stale"] == true) {
-                        (_, true) => "stale: its watch keeps failing",
-                        (true, false) => "synced",
-                        (false, false) => "not synced",
-                    };
-                    format!(
-                        "{}: {how} ({} objects)",
-                        text(&c["resource"]),
-                        text(&c["objects"])
-                    )
-                })
-                .collect();
-            let mut caches = caches.join("<br>");
-            if remote["stoppedInCycle"] == true {
-                caches.insert_str(0, "stopped until the remote is back<br>");
+        for remote in &status.remotes {
+            let mut caches = String::new();
+            if remote.stopped_in_cycle {
+                caches.push_str("stopped until the remote is back<br>");
             }
-            let required = if remote["required"] == true {
+            for (i, cache) in remote.caches.iter().enumerate() {
+                let how = match (cache.synced, cache.stale) {
+                    (_, true) => "stale: its watch keeps failing",
+                    (true, false) => "synced",
+                    (false, false) => "not synced",
+                };
+                let _ = write!(
+                    caches,
+                    "{}{}: {how} ({} objects)",
+                    if i > 0 { "<br>" } else { "" },
+                    escape(&cache.resource),
+                    cache.objects
+                );
+            }
+            let required = if remote.required {
                 "required"
             } else {
                 "optional"
             };
-            let state = remote["state"].as_str().unwrap_or("unknown");
+            let state = remote.state;
             let _ = write!(
                 html,
                 "<tr><td>{}</td><td>{}</td><td>{required}</td><td class=\"{state}\">{state}</td><td>{}</td><td>{}</td>\
                  <td>{}</td><td>{}</td><td>{}</td><td>{caches}</td></tr>",
-                text(&remote["name"]),
-                text(&remote["host"]),
-                text(&remote["consecutiveFailures"]),
-                text(&remote["lastCause"]),
-                text(&remote["lastError"]),
-                text(&remote["lastTransitionSecondsAgo"]),
-                text(&remote["latencySeconds"]),
+                escape(&remote.name),
+                escape(&remote.host),
+                remote.consecutive_failures,
+                text(remote.last_cause),
+                text(remote.last_error.as_deref()),
+                seconds(remote.last_transition_seconds_ago),
+                seconds(remote.latency_seconds),
             );
         }
         html.push_str("</table><p><a href=\"/metrics\">/metrics</a> · <a href=\"/status.json\">/status.json</a> · <a href=\"/readyz\">/readyz</a> · <a href=\"/healthz\">/healthz</a></p></body></html>\n");
         html
+    }
+
+    /// `/status.json`'s body.
+    ///
+    /// # Panics
+    ///
+    /// Never: `serde_json` fails only on a map with keys that are not
+    /// strings, and the view has none.
+    #[must_use]
+    pub fn status_json(&self) -> Vec<u8> {
+        serde_json::to_vec(&self.status()).expect("the view's map keys are strings")
     }
 
     fn metrics(&self) -> Result<Vec<u8>, prometheus::Error> {
@@ -338,11 +428,7 @@ impl Admin {
                     format!("encoding metrics failed: {err}\n").into_bytes(),
                 ),
             },
-            "/status.json" => (
-                200,
-                "application/json",
-                self.status().to_string().into_bytes(),
-            ),
+            "/status.json" => (200, "application/json", self.status_json()),
             "/status" | "/" => (
                 200,
                 "text/html; charset=utf-8",

@@ -94,6 +94,14 @@ async fn lost_exactly_once(fault: Fault, cause: &str) -> (Tether, [ApiServer; 3]
         .still_lost_once("b", 6, &format!("{fault}: rebuilt again"))
         .await;
     assert_eq!(tether.get("/healthz").await.map(|(c, _)| c), Some(200));
+    // Its watch has failed all along: it never worked again.
+    let logs = tether.logs();
+    assert!(
+        !logs
+            .lines()
+            .any(|l| l.contains("watch works again") && l.contains("remote=b")),
+        "{fault}: a failing watch was logged as working again:\n{logs}"
+    );
     (tether, [a, b, c])
 }
 
