@@ -387,8 +387,13 @@ impl<F: ManagerFactory> Looper<F> {
         }
     }
 
-    /// Acts on one signal for the running `cycle`.
+    /// Acts on one signal for the running `cycle`. Once the cycle is
+    /// cancelled and its manager tears down, signals are as between cycles.
     fn on_signal(&self, cycle: &CycleToken, signal: RemoteSignal) {
+        if cycle.is_cancelled() {
+            debug!(?signal, "signal while the cycle ends; dropped");
+            return;
+        }
         let rebuild = self.config.rebuild_on_recovery;
         match signal {
             RemoteSignal::Missed(count) => {
