@@ -106,12 +106,16 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match cli.command {
+    let code = match cli.command {
         Command::Validate(args) => runtime.block_on(validate(&args)),
         Command::Check(args) => runtime.block_on(check(&args)),
         Command::Run(args) => runtime.block_on(run(&args)),
         Command::Demo(args) => runtime.block_on(demo(&args)),
-    }
+    };
+    // A credential plugin that hangs keeps its blocking thread; dropping the
+    // runtime would wait for it. Give the rest a moment, and leave it.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    code
 }
 
 fn start_failed(err: &StartError) -> ExitCode {

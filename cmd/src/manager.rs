@@ -14,6 +14,9 @@
 //!   *required* remote is current: readiness is decided here, once.
 //! - A list or watch that fails at the transport makes the probes check
 //!   that remote at once on a new connection ([`ProbeSetHandle::suspect`]).
+//! - A remote's client is built off the async workers (it runs the exec
+//!   credential plugin, if any), and built again with backoff while that
+//!   fails: a hung or failing plugin stops that remote's watches alone.
 //! - Remotes and watch types are read afresh at each cycle's start, so a
 //!   reload takes effect in the next cycle.
 
@@ -407,23 +410,66 @@ impl Cache {
     }
 }
 
-/// Runs `remote`'s reflectors for every run of its scope. `client` serves
-/// the first run; later runs (after the remote was lost and came back) get
-/// a new one.
+/// A client for `run` of `remote`'s scope, built off the async workers (an
+/// exec credential plugin runs as it is built), and tried again with
+/// backoff while it fails: a hung or failing plugin is this remote's local
+/// error alone. `None` once the run ends.
+async fn client_for(
+    remote: &ResolvedRemote,
+    run: &CancellationToken,
+    pending: &mut Option<tether_probes::Pending<Result<kube::Client, Error>>>,
+) -> Option<kube::Client> {
+    let mut wait = Duration::from_secs(1);
+    let mut failures = 0u32;
+    loop {
+        let make = {
+            let remote = remote.clone();
+            move || client(&remote)
+        };
+        let outcome = tokio::select! {
+            biased;
+            () = run.cancelled() => return None,
+            outcome = tether_probes::off_workers(pending, make) => outcome,
+        };
+        let error = match outcome {
+            Ok(Ok(client)) => {
+                if failures > 0 {
+                    info!(remote = %remote.name, failures, "client built; its watches start");
+                }
+                return Some(client);
+            }
+            Ok(Err(err)) => tether_probes::root_cause(&err),
+            Err(err) => err.to_string(),
+        };
+        failures += 1;
+        if failures == 1 {
+            warn!(remote = %remote.name, %error, "cannot build the remote's client (a local error); its watches wait, trying again with backoff");
+        } else {
+            debug!(remote = %remote.name, %error, failures, "still cannot build the remote's client");
+        }
+        tokio::select! {
+            () = run.cancelled() => return None,
+            () = tokio::time::sleep(wait) => {}
+        }
+        wait = (wait * 2).min(Duration::from_secs(30));
+    }
+}
+
+/// Runs `remote`'s reflectors for every run of its scope, each run with a
+/// new client.
 async fn run_remote(
     remote: ResolvedRemote,
     plan: Arc<Plan>,
     mut scope: RemoteScope,
-    mut client: Option<kube::Client>,
     shared: Arc<Shared>,
     changes: mpsc::UnboundedSender<Change>,
 ) -> Result<(), Error> {
+    let mut pending = None;
     while let Some(run) = scope.next_run().await {
-        let client = match client.take() {
-            Some(client) => client,
-            None => self::client(&remote)?,
-        };
         shared.unsync(&remote.name, &plan.watch);
+        let Some(client) = client_for(&remote, &run, &mut pending).await else {
+            continue;
+        };
         let mut caches = JoinSet::new();
         for spec in &plan.watch {
             let cache = Cache {
@@ -475,21 +521,17 @@ impl ManagerFactory for WatchManager {
         let plan = Arc::clone(&lock(&shared.plan));
         shared.reset_caches(&plan);
 
-        // Every client first: a bad one fails the build before anything runs.
-        let mut parts = Vec::new();
-        for remote in plan.used() {
-            // A remote without a scope was added after the supervisor asked
-            // which remotes this cycle uses; the reload that added it ends
-            // this cycle.
-            let Some(scope) = cycle.scope(&remote.name) else {
-                continue;
-            };
-            parts.push((remote, scope, client(remote).map_err(ManagerError::build)?));
-        }
+        // A remote without a scope was added after the supervisor asked which
+        // remotes this cycle uses; the reload that added it ends this cycle.
+        let parts: Vec<(&ResolvedRemote, RemoteScope)> = plan
+            .used()
+            .iter()
+            .filter_map(|remote| cycle.scope(&remote.name).map(|scope| (remote, scope)))
+            .collect();
         let mut required: BTreeMap<(String, String), bool> = parts
             .iter()
-            .filter(|(remote, _, _)| remote.required)
-            .flat_map(|(remote, _, _)| {
+            .filter(|(remote, _)| remote.required)
+            .flat_map(|(remote, _)| {
                 plan.watch
                     .iter()
                     .map(|spec| ((remote.name.clone(), spec.resource_label()), false))
@@ -497,12 +539,11 @@ impl ManagerFactory for WatchManager {
             .collect();
         let (changes_tx, mut changes) = mpsc::unbounded_channel();
         let mut remotes = JoinSet::new();
-        for (remote, scope, client) in parts {
+        for (remote, scope) in parts {
             remotes.spawn(run_remote(
                 remote.clone(),
                 Arc::clone(&plan),
                 scope,
-                Some(client),
                 Arc::clone(shared),
                 changes_tx.clone(),
             ));

@@ -2,8 +2,8 @@
 //! the probes and the manager alike.
 
 use kube::config::{
-    AuthInfo, Cluster, Context, KubeConfigOptions, Kubeconfig, NamedAuthInfo, NamedCluster,
-    NamedContext,
+    AuthInfo, Cluster, Context, ExecInteractiveMode, KubeConfigOptions, Kubeconfig, NamedAuthInfo,
+    NamedCluster, NamedContext,
 };
 use tether_probes::{Remote, without_userinfo};
 use tracing::warn;
@@ -176,6 +176,11 @@ pub async fn kube_config(
     // Userinfo authenticates nothing for kube; keep it out of every client
     // and so out of every log line.
     kube_config.cluster_url = without_userinfo(&kube_config.cluster_url);
+    // A daemon has no terminal: an interactive plugin would inherit tether's
+    // stdin and write its stderr, which may hold a token, into the logs.
+    if let Some(exec) = kube_config.auth_info.exec.as_mut() {
+        exec.interactive_mode = Some(ExecInteractiveMode::Never);
+    }
     Ok(kube_config)
 }
 

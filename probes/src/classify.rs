@@ -105,13 +105,57 @@ fn next_cause<'a>(error: &'a (dyn StdError + 'static)) -> Option<&'a (dyn StdErr
 }
 
 /// The innermost cause's message: what actually went wrong.
+///
+/// An exec credential plugin's failure is told by its exit status and a
+/// fixed message, never by kube's text for it, which carries the plugin's
+/// command line and everything it printed: a token, possibly.
 #[must_use]
 pub fn root_cause(error: &(dyn StdError + 'static)) -> String {
     let mut current = error;
-    while let Some(next) = next_cause(current) {
-        current = next;
+    loop {
+        if let Some(told) = plugin_failure(current) {
+            return told;
+        }
+        match next_cause(current) {
+            Some(next) => current = next,
+            None => return current.to_string(),
+        }
     }
-    current.to_string()
+}
+
+/// What went wrong with an exec credential plugin, without its output.
+fn plugin_failure(error: &(dyn StdError + 'static)) -> Option<String> {
+    use kube::client::AuthError;
+
+    let told = match error.downcast_ref::<AuthError>()? {
+        AuthError::AuthExecRun { out, .. } => {
+            format!(
+                "the exec credential plugin failed ({}); its output is not shown, as it may hold a token",
+                out.status
+            )
+        }
+        AuthError::AuthExecStart(err) => {
+            format!("the exec credential plugin could not start: {err}")
+        }
+        AuthError::AuthExecParse(_) => {
+            "the exec credential plugin's output is not an ExecCredential".to_owned()
+        }
+        AuthError::ExecPluginFailed => {
+            "the exec credential plugin's ExecCredential has no status".to_owned()
+        }
+        AuthError::MalformedTokenExpirationDate(_) => {
+            "the exec credential plugin's token has a malformed expiration date".to_owned()
+        }
+        AuthError::MissingCommand => "the exec credential plugin has no command".to_owned(),
+        AuthError::ExecMissingClusterInfo => {
+            "the exec credential plugin wants cluster info (provideClusterInfo) and the kubeconfig has none".to_owned()
+        }
+        AuthError::AuthExecSerialize(_) | AuthError::AuthExec(_) => {
+            "the exec credential plugin could not be run".to_owned()
+        }
+        _ => return None,
+    };
+    Some(told)
 }
 
 fn classify_io(err: &io::Error) -> Option<FailureCause> {
@@ -265,6 +309,28 @@ mod tests {
             http::HeaderValue::from_bytes(b"\n").expect_err("a newline is invalid"),
         ));
         assert_eq!(transport_failure(&auth), None, "credentials fail here");
+    }
+
+    #[test]
+    fn a_failed_plugin_is_told_by_its_status_never_its_output() {
+        use std::os::unix::process::ExitStatusExt as _;
+
+        let out = std::process::Output {
+            status: std::process::ExitStatus::from_raw(3 << 8),
+            stdout: b"token-s3cret".to_vec(),
+            stderr: b"printed s3cret".to_vec(),
+        };
+        let err = kube::Error::Auth(kube::client::AuthError::AuthExecRun {
+            cmd: "\"get-token\" \"--secret=s3cret\"".to_owned(),
+            out: Box::new(out),
+        });
+        let told = root_cause(&err);
+        assert!(told.contains("exit status: 3"), "{told}");
+        assert!(!told.contains("s3cret"), "{told}");
+        let wrapped = kube::Error::Service(Box::new(kube::client::AuthError::AuthExecStart(
+            io::Error::from(io::ErrorKind::NotFound),
+        )));
+        assert!(root_cause(&wrapped).starts_with("the exec credential plugin could not start"));
     }
 
     #[test]

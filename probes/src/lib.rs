@@ -39,6 +39,7 @@
 
 mod classify;
 mod config;
+mod credentials;
 mod identity;
 mod metrics;
 mod probe;
@@ -49,6 +50,7 @@ pub use crate::classify::{
     FailureCause, Outcome, ProbeResult, classify, root_cause, transport_failure,
 };
 pub use crate::config::ProbeConfig;
+pub use crate::credentials::{BuildError, PLUGIN_DEADLINE, Pending, off_workers, once_off_workers};
 pub use crate::identity::{Identity, Remote, host_port, normalize_url};
 pub use crate::probe::{ProbeClient, probe_client, probe_once, without_userinfo};
 pub use crate::set::{CheckRow, ProbeSet, ProbeSetHandle, RemoteStatus, Transition, check};

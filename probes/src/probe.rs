@@ -30,6 +30,7 @@ use tower::util::BoxService;
 use tower::{BoxError, Service as _, ServiceBuilder, ServiceExt as _};
 
 use crate::classify::{FailureCause, Outcome, ProbeResult, cause_in, classify, root_cause};
+use crate::credentials::PLUGIN_DEADLINE;
 use crate::{Error, ProbeConfig, Result};
 
 /// The most of a probe's response body that is read, so the connection can
@@ -194,7 +195,9 @@ impl Direct {
         })
     }
 
-    async fn get(&mut self, path: &str) -> Result<u16, Failure> {
+    /// The request as kube would send it: base URL, credentials (which may
+    /// run an exec plugin's refresh), extra headers.
+    async fn prepare(&mut self, path: &str) -> Result<http::request::Parts, Failure> {
         let request = Request::get(path)
             .body(Empty::new())
             .map_err(|err| Failure::local(&err))?;
@@ -213,13 +216,17 @@ impl Direct {
             .path_and_query()
             .map_or_else(|| Uri::from_static("/"), |pq| Uri::from(pq.clone()));
         parts.headers.insert(HOST, self.authority.clone());
+        Ok(parts)
+    }
+
+    /// Sends `parts` on the kept connection, or a new one.
+    async fn exchange(&mut self, parts: &http::request::Parts) -> Result<u16, Failure> {
         let make = || {
             let mut request = Request::new(Empty::new());
             *request.uri_mut() = parts.uri.clone();
             *request.headers_mut() = parts.headers.clone();
             request
         };
-
         // A kept connection may answer long after the remote stopped taking
         // new ones; past its age, the probe checks a new one.
         if self
@@ -352,11 +359,30 @@ where
     })
 }
 
+/// A probe request with its credentials, ready to send.
+enum Prepared {
+    Direct(http::request::Parts),
+    /// kube's client adds the credentials itself as it sends.
+    Proxied(String),
+}
+
 impl ProbeClient {
-    async fn get(&mut self, path: &str) -> Result<u16, Failure> {
+    async fn prepare(&mut self, path: &str) -> Result<Prepared, Failure> {
         match &mut self.0 {
-            Transport::Direct(direct) => direct.get(path).await,
-            Transport::Proxied(client) => proxied_get(client, path).await,
+            Transport::Direct(direct) => direct.prepare(path).await.map(Prepared::Direct),
+            Transport::Proxied(_) => Ok(Prepared::Proxied(path.to_owned())),
+        }
+    }
+
+    async fn exchange(&mut self, prepared: &Prepared) -> Result<u16, Failure> {
+        match (&mut self.0, prepared) {
+            (Transport::Direct(direct), Prepared::Direct(parts)) => direct.exchange(parts).await,
+            (Transport::Proxied(client), Prepared::Proxied(path)) => {
+                proxied_get(client, path).await
+            }
+            _ => Err(Failure::Local(
+                "a request prepared for another transport".to_owned(),
+            )),
         }
     }
 
@@ -393,7 +419,10 @@ impl ProbeClient {
 ///
 /// Any HTTP status is a response: reachable, unless listed in
 /// `unreachable_statuses`. A transport failure or the deadline is
-/// unreachable. A failure before the network (credentials) is local.
+/// unreachable. A failure before the network (credentials, an exec plugin
+/// that fails or does not answer within [`PLUGIN_DEADLINE`]) is local: the
+/// credentials are made ready first, under their own deadline, and only the
+/// exchange runs under `timeout` and counts toward the latency.
 ///
 /// # Cancellation safety
 ///
@@ -405,9 +434,22 @@ pub async fn probe_once(
     timeout: Duration,
     unreachable_statuses: &[u16],
 ) -> ProbeResult {
+    let local = |error: String| ProbeResult {
+        outcome: Outcome::LocalError { error },
+        latency: Duration::ZERO,
+    };
+    let prepared = match tokio::time::timeout(PLUGIN_DEADLINE, client.prepare(path)).await {
+        Err(_) => {
+            return local(format!(
+                "the credentials were not ready within {PLUGIN_DEADLINE:?}: an exec credential plugin that hangs?"
+            ));
+        }
+        Ok(Err(Failure::Local(error) | Failure::Transport { error, .. })) => return local(error),
+        Ok(Ok(prepared)) => prepared,
+    };
     let started = Instant::now();
     // Until the request finishes, the connection is in an unknown state.
-    let outcome = match tokio::time::timeout(timeout, client.get(path)).await {
+    let outcome = match tokio::time::timeout(timeout, client.exchange(&prepared)).await {
         Err(_) => {
             client.reset();
             Outcome::Unreachable {

@@ -39,7 +39,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, error, info, info_span, warn};
 
-use crate::classify::{FailureCause, Outcome, ProbeResult};
+use crate::classify::{FailureCause, Outcome, ProbeResult, root_cause};
+use crate::credentials;
 use crate::metrics::Metrics;
 use crate::probe::{ProbeClient, probe_client, probe_once};
 use crate::{Error, Identity, ProbeConfig, Reachability, Remote, Result, Tracker};
@@ -234,6 +235,13 @@ fn export(metrics: &Metrics, name: &str, host: &str, state: &ProbeState) {
             .last_probe
             .with_label_values(&[name])
             .set(unix_seconds(at));
+    }
+}
+
+fn local_error(error: String) -> ProbeResult {
+    ProbeResult {
+        outcome: Outcome::LocalError { error },
+        latency: Duration::ZERO,
     }
 }
 
@@ -516,6 +524,7 @@ async fn supervise_probe(inner: Arc<Inner>, shared: Arc<Shared>, stop: Cancellat
 async fn probe_loop(inner: &Inner, shared: &Shared, stop: &CancellationToken) {
     let config = &inner.config;
     let mut client: Option<(u64, ProbeClient)> = None;
+    let mut building = None;
     let mut next = Instant::now();
     // At most one early probe between two regular ticks, whether the kept
     // connection closed or a manager suspected the remote, so that neither
@@ -572,16 +581,31 @@ async fn probe_loop(inner: &Inner, shared: &Shared, stop: &CancellationToken) {
                 .then(|| (generation, state.config.clone()))
         };
         if let Some((generation, kube_config)) = rebuild {
-            client = match probe_client(&kube_config, config) {
-                Ok(built) => Some((generation, built)),
+            // Building runs the exec credential plugin, if any: off the
+            // async workers, under its own deadline.
+            // The loop is alive while it waits: it keeps its heartbeat.
+            let probe_config = config.clone();
+            let building_now = credentials::off_workers(&mut building, move || {
+                probe_client(&kube_config, &probe_config)
+            });
+            tokio::pin!(building_now);
+            let mut beat = tokio::time::interval(config.interval);
+            let built = loop {
+                tokio::select! {
+                    biased;
+                    () = stop.cancelled() => return,
+                    built = &mut building_now => break built,
+                    _ = beat.tick() => shared.lock().last_tick = Instant::now(),
+                }
+            };
+            client = match built {
+                Ok(Ok(built)) => Some((generation, built)),
+                Ok(Err(err)) => {
+                    record(inner, shared, local_error(root_cause(&err)));
+                    continue;
+                }
                 Err(err) => {
-                    let result = ProbeResult {
-                        outcome: Outcome::LocalError {
-                            error: crate::classify::root_cause(&err),
-                        },
-                        latency: Duration::ZERO,
-                    };
-                    record(inner, shared, result);
+                    record(inner, shared, local_error(err.to_string()));
                     continue;
                 }
             };
@@ -693,8 +717,12 @@ pub async fn check(remotes: &[Remote], config: &ProbeConfig) -> Result<Vec<Check
         groups.entry(identity).or_default().push(remote);
     }
     let probes = groups.into_iter().map(|(identity, group)| async move {
-        let result = match probe_client(&group[0].config, config) {
-            Ok(mut client) => {
+        let kube_config = group[0].config.clone();
+        let probe_config = config.clone();
+        let built =
+            credentials::once_off_workers(move || probe_client(&kube_config, &probe_config)).await;
+        let result = match built {
+            Ok(Ok(mut client)) => {
                 probe_once(
                     &mut client,
                     &config.path,
@@ -703,12 +731,8 @@ pub async fn check(remotes: &[Remote], config: &ProbeConfig) -> Result<Vec<Check
                 )
                 .await
             }
-            Err(err) => ProbeResult {
-                outcome: Outcome::LocalError {
-                    error: crate::classify::root_cause(&err),
-                },
-                latency: Duration::ZERO,
-            },
+            Ok(Err(err)) => local_error(root_cause(&err)),
+            Err(err) => local_error(err.to_string()),
         };
         group
             .into_iter()

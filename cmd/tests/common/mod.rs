@@ -63,6 +63,18 @@ pub(crate) async fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
 /// Bound on anything a test waits for.
 pub(crate) const DEADLINE: Duration = Duration::from_secs(60);
 
+/// A kubeconfig for `server` whose user runs `sh -c script` as its exec
+/// credential plugin.
+pub(crate) fn exec_kubeconfig(server: &ApiServer, script: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\ncurrent-context: x\n\
+         clusters: [{{name: x, cluster: {{server: \"{}\"}}}}]\n\
+         users: [{{name: x, user: {{exec: {{apiVersion: client.authentication.k8s.io/v1, command: sh, args: [\"-c\", \"{script}\"], interactiveMode: Never}}}}}}]\n\
+         contexts: [{{name: x, context: {{cluster: x, user: x}}}}]\n",
+        server.url()
+    )
+}
+
 /// Waits until `server` has answered `n` more probes.
 pub(crate) async fn probes(server: &ApiServer, n: u64) {
     let start = server.requests("/readyz");
@@ -128,6 +140,8 @@ pub(crate) struct Shape<'a> {
     pub(crate) watch: Option<&'a str>,
     /// The remotes marked `required: false`.
     pub(crate) optional: &'a [&'a str],
+    /// Kubeconfigs written as given instead of the server's own, by remote.
+    pub(crate) kubeconfigs: &'a [(&'a str, &'a str)],
 }
 
 /// The test config (interval 1s, timeout 500ms, threshold 3, no jitter,
@@ -148,7 +162,14 @@ pub(crate) fn config_yaml_with(
         shape.watch.unwrap_or("[{apiVersion: v1, kind: ConfigMap}]"),
     );
     for (name, server) in remotes {
-        let path = write_kubeconfig(dir, name, server);
+        let path = match shape.kubeconfigs.iter().find(|(n, _)| n == name) {
+            Some((_, text)) => {
+                let path = dir.join(format!("{name}.kubeconfig"));
+                std::fs::write(&path, text).expect("kubeconfig");
+                path
+            }
+            None => write_kubeconfig(dir, name, server),
+        };
         let required = !shape.optional.contains(name);
         let _ = writeln!(
             yaml,

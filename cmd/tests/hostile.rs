@@ -1,0 +1,165 @@
+//! Hostile peers and a hostile host: credential plugins that hang or leak,
+//! remotes that answer with endless or enormous responses, an admin port
+//! flooded with idle connections, a process out of file descriptors. Each
+//! case failed before its fix. Everything is on loopback and bounded in time.
+
+// Metric values compared here are small integers, exact in f64.
+#![allow(clippy::float_cmp)]
+
+use std::time::Duration;
+
+mod common;
+
+use common::{DEADLINE, Shape, Tether, exec_kubeconfig, remote};
+use tokio::time::Instant;
+
+/// The `remotes[]` entry of `name` in `/status.json`.
+async fn remote_status(tether: &Tether, name: &str) -> Option<serde_json::Value> {
+    let (_, body) = tether.get("/status.json").await?;
+    let status: serde_json::Value = serde_json::from_str(&body).ok()?;
+    status["remotes"]
+        .as_array()?
+        .iter()
+        .find(|r| r["name"] == name)
+        .cloned()
+}
+
+/// Polls `/status.json` until `name`'s local error satisfies `pred`.
+async fn until_local_error(tether: &Tether, name: &str, pred: impl Fn(&str) -> bool) -> String {
+    let started = Instant::now();
+    loop {
+        if let Some(error) = remote_status(tether, name)
+            .await
+            .and_then(|r| r["localError"].as_str().map(str::to_owned))
+            && pred(&error)
+        {
+            return error;
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "{name}'s local error never came; logs:\n{}",
+            tether.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_exec_plugin_is_a_local_error_of_its_remote_alone() {
+    let (a, h) = (remote("a", false).await, remote("h", false).await);
+    let hung = exec_kubeconfig(&h, "sleep 600");
+    let mut tether = Tether::start(
+        &[("a", &a), ("h", &h)],
+        &[],
+        &Shape {
+            kubeconfigs: &[("h", &hung)],
+            optional: &["h"],
+            ..Shape::default()
+        },
+    );
+    tether.until_metric("tether_cycle", "1", |v| v == 1.0).await;
+    // Past the plugin's deadline, everything else answers promptly.
+    let started = Instant::now();
+    let probed = a.requests("/readyz");
+    while started.elapsed() < tether_probes::PLUGIN_DEADLINE + Duration::from_secs(3) {
+        let asked = Instant::now();
+        let answer = tether.get("/healthz").await;
+        assert_eq!(
+            answer.as_ref().map(|(code, _)| *code),
+            Some(200),
+            "/healthz: {answer:?}; logs:\n{}",
+            tether.logs()
+        );
+        assert!(
+            asked.elapsed() < Duration::from_secs(1),
+            "/healthz took {:?}",
+            asked.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        a.requests("/readyz") >= probed + 10,
+        "the other remote stopped being probed"
+    );
+    let error = until_local_error(&tether, "h", |e| e.contains("has not finished")).await;
+    assert!(error.contains("exec credential plugin"), "{error}");
+    tether.until_ready(true).await;
+
+    // The signals still work.
+    let asked = Instant::now();
+    tether.signal("TERM");
+    assert_eq!(tether.wait().await.code(), Some(0), "{}", tether.logs());
+    assert!(
+        asked.elapsed() < Duration::from_secs(8),
+        "exit took {:?}",
+        asked.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_reports_a_hanging_exec_plugin_instead_of_hanging() {
+    let h = remote("h", false).await;
+    let dir = tempfile::tempdir().expect("dir");
+    let kubeconfig = dir.path().join("h.kubeconfig");
+    std::fs::write(&kubeconfig, exec_kubeconfig(&h, "sleep 600")).expect("write");
+    let config = dir.path().join("tether.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "remotes: [{{name: h, kubeconfig: {}}}]\n",
+            kubeconfig.display()
+        ),
+    )
+    .expect("write");
+    let asked = Instant::now();
+    let out = tokio::time::timeout(
+        DEADLINE,
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_tether"))
+            .args(["check", "--config"])
+            .arg(&config)
+            .output(),
+    )
+    .await
+    .expect("check hangs")
+    .expect("check runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains("error") && stdout.contains("exec credential plugin"),
+        "{stdout}"
+    );
+    assert!(
+        asked.elapsed() < tether_probes::PLUGIN_DEADLINE + Duration::from_secs(5),
+        "took {:?}",
+        asked.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_exec_plugin_is_told_by_its_exit_status_never_its_output() {
+    let (a, h) = (remote("a", false).await, remote("h", false).await);
+    let leaky = exec_kubeconfig(&h, "echo token-s3cret-out; echo s3cret-err >&2; exit 3");
+    let tether = Tether::start(
+        &[("a", &a), ("h", &h)],
+        &[],
+        &Shape {
+            kubeconfigs: &[("h", &leaky)],
+            optional: &["h"],
+            ..Shape::default()
+        },
+    );
+    let error = until_local_error(&tether, "h", |_| true).await;
+    assert!(error.contains("exit status: 3"), "{error}");
+    tether.until_ready(true).await;
+    let (_, page) = tether.get("/status").await.expect("the page");
+    for (what, text) in [
+        ("/status.json", error.as_str()),
+        ("/status", page.as_str()),
+        ("the logs", tether.logs().as_str()),
+    ] {
+        assert!(
+            !text.contains("s3cret"),
+            "the plugin's output reached {what}:\n{text}"
+        );
+    }
+}
