@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use http::{Request, Response, header};
+use http::{Method, Request, Response, header};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
@@ -25,7 +25,7 @@ use tether_probes::ProbeSetHandle;
 use tether_supervisor::SupervisorHandle;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tracing::debug;
+use tracing::{debug, warn};
 
 use crate::manager::ManagerHandle;
 
@@ -410,7 +410,18 @@ impl Admin {
         Ok(out)
     }
 
-    fn respond(&self, path: &str) -> Response<Full<Bytes>> {
+    fn respond(&self, method: &Method, path: &str) -> Response<Full<Bytes>> {
+        // Every endpoint only reads.
+        if method != Method::GET && method != Method::HEAD {
+            return Response::builder()
+                .status(405)
+                .header(header::ALLOW, "GET, HEAD")
+                .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
+                .body(Full::new(Bytes::from_static(
+                    b"method not allowed: the admin endpoints are read-only\n",
+                )))
+                .expect("a valid status and static headers");
+        }
         let (code, content_type, body): (u16, &str, Vec<u8>) = match path {
             "/healthz" | "/livez" => {
                 let (code, text) = self.healthz();
@@ -457,32 +468,96 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
 }
 
+/// The most admin connections open at once. A new one beyond it closes
+/// the oldest, so idle connections from outside can neither run tether out
+/// of descriptors nor lock the kubelet out of `/healthz`.
+pub const MAX_CONNECTIONS: usize = 32;
+
+/// How long a connection may take to send a request's head, waiting for
+/// the next one on an idle kept-alive connection included.
+pub const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The longest the accept loop waits after an accept fails (out of
+/// descriptors, say) before it tries again; the wait starts at 10 ms and
+/// doubles.
+const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
+
+/// The open connections, oldest first, each with what closes it.
+type Open = Arc<std::sync::Mutex<std::collections::VecDeque<(u64, CancellationToken)>>>;
+
+fn open_lock(
+    open: &Open,
+) -> std::sync::MutexGuard<'_, std::collections::VecDeque<(u64, CancellationToken)>> {
+    // Critical sections only push and remove; a poisoned queue is whole.
+    open.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// Serves `admin` on `listener` until `stop`.
+///
+/// At most [`MAX_CONNECTIONS`] connections are open; a request head must
+/// arrive within [`HEAD_TIMEOUT`]. An accept that fails backs off, up to a
+/// second, instead of spinning.
 ///
 /// # Cancellation safety
 ///
 /// Cancel safe: dropping it stops accepting; open connections finish.
 pub async fn serve(listener: TcpListener, admin: Arc<Admin>, stop: CancellationToken) {
+    let open: Open = Arc::default();
+    let mut next_id = 0u64;
+    let mut backoff = Duration::ZERO;
     loop {
         let stream = tokio::select! {
             () = stop.cancelled() => return,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok((stream, _)) => {
+                    backoff = Duration::ZERO;
+                    stream
+                }
                 Err(err) => {
-                    debug!(error = %err, "admin accept failed");
+                    if backoff.is_zero() {
+                        warn!(error = %err, "admin accept failed; backing off");
+                    } else {
+                        debug!(error = %err, ?backoff, "admin accept failed again");
+                    }
+                    backoff = (backoff * 2).clamp(Duration::from_millis(10), MAX_ACCEPT_BACKOFF);
+                    tokio::select! {
+                        () = stop.cancelled() => return,
+                        () = tokio::time::sleep(backoff) => {}
+                    }
                     continue;
                 }
             },
         };
+        let id = next_id;
+        next_id += 1;
+        let close = CancellationToken::new();
+        {
+            let mut open = open_lock(&open);
+            if open.len() >= MAX_CONNECTIONS
+                && let Some((_, oldest)) = open.pop_front()
+            {
+                oldest.cancel();
+            }
+            open.push_back((id, close.clone()));
+        }
         let admin = Arc::clone(&admin);
+        let open = Arc::clone(&open);
         tokio::spawn(async move {
             let service = service_fn(move |req: Request<Incoming>| {
-                let response = admin.respond(req.uri().path());
+                let response = admin.respond(req.method(), req.uri().path());
                 async move { Ok::<_, Infallible>(response) }
             });
             let mut http = http1::Builder::new();
-            http.timer(TokioTimer::new());
-            let _ = http.serve_connection(TokioIo::new(stream), service).await;
+            http.timer(TokioTimer::new())
+                .header_read_timeout(HEAD_TIMEOUT);
+            let served = http.serve_connection(TokioIo::new(stream), service);
+            // Dropping the connection closes its socket.
+            tokio::select! {
+                _ = served => {}
+                () = close.cancelled() => debug!("admin connection closed: the oldest of too many"),
+            }
+            open_lock(&open).retain(|(open_id, _)| *open_id != id);
         });
     }
 }

@@ -163,3 +163,77 @@ async fn a_failing_exec_plugin_is_told_by_its_exit_status_never_its_output() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_neither_spin_the_admin_server_nor_lock_out_healthz() {
+    let a = remote("a", false).await;
+    let tether = Tether::start(
+        &[("a", &a)],
+        &[],
+        &Shape {
+            nofile: Some(128),
+            ..Shape::default()
+        },
+    );
+    tether.until_ready(true).await;
+    let pid = tether.child.id().expect("running");
+    // More idle connections than tether has descriptors.
+    let mut idle = Vec::new();
+    for _ in 0..200 {
+        if let Ok(Ok(stream)) = tokio::time::timeout(
+            Duration::from_secs(1),
+            tokio::net::TcpStream::connect(&tether.admin),
+        )
+        .await
+        {
+            idle.push(stream);
+        }
+    }
+    assert_eq!(idle.len(), 200, "the kernel refused idle connections");
+    let cpu_before = tether_testkit::procfs::cpu_time(Some(pid)).expect("/proc");
+    let measured = Instant::now();
+    for _ in 0..10 {
+        let asked = Instant::now();
+        let answer = tether.get("/healthz").await;
+        assert_eq!(answer.map(|(code, _)| code), Some(200), "{}", tether.logs());
+        assert!(asked.elapsed() < Duration::from_secs(1), "/healthz took {:?}", asked.elapsed());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let cpu = (tether_testkit::procfs::cpu_time(Some(pid)).expect("/proc") - cpu_before)
+        .as_secs_f64()
+        / measured.elapsed().as_secs_f64();
+    assert!(
+        cpu < 0.25,
+        "tether used {:.0}% of a core while 200 idle connections were open",
+        cpu * 100.0
+    );
+    drop(idle);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_endpoints_are_read_only() {
+    let a = remote("a", false).await;
+    let tether = Tether::run(&[("a", &a)]);
+    tether.until_ready(true).await;
+    for method in ["POST", "PUT", "DELETE", "PATCH"] {
+        for path in ["/healthz", "/readyz", "/metrics", "/status", "/status.json"] {
+            let mut stream = tokio::net::TcpStream::connect(&tether.admin)
+                .await
+                .expect("connects");
+            tokio::io::AsyncWriteExt::write_all(
+                &mut stream,
+                format!("{method} {path} HTTP/1.0\r\nHost: t\r\nContent-Length: 0\r\n\r\n").as_bytes(),
+            )
+            .await
+            .expect("writes");
+            let mut answer = String::new();
+            tokio::io::AsyncReadExt::read_to_string(&mut stream, &mut answer)
+                .await
+                .expect("reads");
+            assert!(
+                answer.starts_with("HTTP/1.0 405") && answer.to_ascii_lowercase().contains("allow: get, head"),
+                "{method} {path}: {answer}"
+            );
+        }
+    }
+}

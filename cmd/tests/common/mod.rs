@@ -142,6 +142,8 @@ pub(crate) struct Shape<'a> {
     pub(crate) optional: &'a [&'a str],
     /// Kubeconfigs written as given instead of the server's own, by remote.
     pub(crate) kubeconfigs: &'a [(&'a str, &'a str)],
+    /// Runs tether under `ulimit -n` of this many descriptors.
+    pub(crate) nofile: Option<u32>,
 }
 
 /// The test config (interval 1s, timeout 500ms, threshold 3, no jitter,
@@ -205,7 +207,18 @@ impl Tether {
             config_yaml_with(dir.path(), &admin, remotes, shape),
         )
         .expect("config");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tether"))
+        let mut command = match shape.nofile {
+            None => Command::new(env!("CARGO_BIN_EXE_tether")),
+            Some(limit) => {
+                let mut command = Command::new("sh");
+                command
+                    .arg("-c")
+                    .arg(format!("ulimit -n {limit} && exec \"$0\" \"$@\""))
+                    .arg(env!("CARGO_BIN_EXE_tether"));
+                command
+            }
+        };
+        let mut child = command
             .args(extra)
             .arg("run")
             .arg("--config")
