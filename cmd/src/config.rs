@@ -111,6 +111,9 @@ pub struct Config {
     pub file: Option<PathBuf>,
     /// The admin server's address.
     pub admin_address: SocketAddr,
+    /// How long, after a SIGTERM, the admin server keeps answering
+    /// `/readyz` with 503 before it closes.
+    pub drain_window: Duration,
     /// How remotes are probed.
     pub probe: ProbeConfig,
     /// The cycle loop, `rebuildOnRecovery` included.
@@ -138,6 +141,7 @@ struct RawConfig {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct RawAdmin {
     address: Option<String>,
+    drain_window: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -192,6 +196,11 @@ struct RawWatch {
     namespace: Option<String>,
     label_selector: Option<String>,
 }
+
+/// How long `/readyz` answers 503 after a SIGTERM before the admin server
+/// closes: one period of the chart's readiness probe (5s), so the kubelet or
+/// a load balancer polling as often sees the drain.
+const DEFAULT_DRAIN_WINDOW: Duration = Duration::from_secs(5);
 
 /// The longest duration the configuration takes. No setting sensibly needs
 /// more, and far larger values would overflow the timers' arithmetic.
@@ -556,10 +565,13 @@ impl Config {
             .map_err(|err| parse_error(file, &path, &err))?
         };
         let check = Checker { file, base };
-        let admin_address = raw
-            .admin
-            .and_then(|a| a.address)
-            .unwrap_or_else(|| "0.0.0.0:9090".to_owned());
+        let admin = raw.admin.unwrap_or_default();
+        let drain_window = check.duration(
+            "admin.drainWindow",
+            admin.drain_window.as_ref(),
+            DEFAULT_DRAIN_WINDOW,
+        )?;
+        let admin_address = admin.address.unwrap_or_else(|| "0.0.0.0:9090".to_owned());
         let admin_address = admin_address.parse().map_err(|e| {
             check.error(
                 "admin.address",
@@ -577,6 +589,7 @@ impl Config {
         Ok(Self {
             file: None,
             admin_address,
+            drain_window,
             probe,
             supervisor,
             remotes,
@@ -591,6 +604,7 @@ impl Config {
         Self {
             file: None,
             admin_address: SocketAddr::from(([0, 0, 0, 0], 9090)),
+            drain_window: DEFAULT_DRAIN_WINDOW,
             probe: ProbeConfig::default(),
             supervisor: SupervisorConfig::default(),
             remotes: vec![RemoteSpec {

@@ -10,7 +10,7 @@ use std::time::Duration;
 use prometheus::{IntCounterVec, Opts, Registry};
 use tether_probes::{ProbeSet, ProbeSetHandle};
 use tether_supervisor::{BoxError, Cause, ShutdownOutcome, Supervisor, SupervisorHandle};
-use tokio::signal::unix::{SignalKind, signal};
+use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
@@ -239,10 +239,13 @@ impl Daemon {
     }
 
     /// Drains and shuts down: `/readyz` answers 503 at once, root is
-    /// cancelled, and the manager gets its grace period.
+    /// cancelled, and the manager gets its grace period. The admin server
+    /// keeps answering (`/readyz` 503) for at least `admin.drainWindow`
+    /// after the drain began, so a kubelet or a load balancer sees it.
     pub async fn shutdown(self) -> ShutdownOutcome {
         self.draining.store(true, Ordering::SeqCst);
-        info!("draining: readiness off; stopping the manager");
+        let drained = tokio::time::Instant::now() + self.config.drain_window;
+        info!(window = ?self.config.drain_window, "draining: readiness off; stopping the manager");
         self.root.cancel();
         let outcome = match self.run.await {
             Ok(outcome) => outcome,
@@ -251,6 +254,7 @@ impl Daemon {
                 ShutdownOutcome::GraceExceeded
             }
         };
+        tokio::time::sleep_until(drained).await;
         self.admin_stop.cancel();
         info!(?outcome, "tether stopped");
         outcome
@@ -259,14 +263,12 @@ impl Daemon {
     /// Runs until SIGTERM or SIGINT, reloading on SIGHUP and when the config
     /// file changes. Returns the exit code: 0, or 1 if the grace period ran
     /// out. A second SIGTERM or SIGINT exits at once with 130.
-    ///
-    /// # Panics
-    ///
-    /// If the signal handlers cannot be installed.
-    pub async fn run_until_signalled(mut self) -> u8 {
-        let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
-        let mut int = signal(SignalKind::interrupt()).expect("installing a SIGINT handler");
-        let mut hup = signal(SignalKind::hangup()).expect("installing a SIGHUP handler");
+    pub async fn run_until_signalled(mut self, signals: Signals) -> u8 {
+        let Signals {
+            mut term,
+            mut int,
+            mut hup,
+        } = signals;
         let mut poll = tokio::time::interval(CONFIG_POLL);
         let mut seen = self
             .config
@@ -304,5 +306,36 @@ impl Daemon {
             ShutdownOutcome::Clean => 0,
             ShutdownOutcome::GraceExceeded => 1,
         }
+    }
+}
+
+/// The daemon's signal handlers: SIGTERM and SIGINT stop it, SIGHUP
+/// reloads. Install them first thing, before anything slow: until a
+/// handler exists, a signal takes its default action, and SIGHUP's is to
+/// end the process.
+#[derive(Debug)]
+pub struct Signals {
+    term: Signal,
+    int: Signal,
+    hup: Signal,
+}
+
+impl Signals {
+    /// Installs the handlers. A signal that arrives from now on waits for
+    /// [`Daemon::run_until_signalled`].
+    ///
+    /// # Errors
+    ///
+    /// If a handler cannot be installed.
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime.
+    pub fn install() -> std::io::Result<Self> {
+        Ok(Self {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+            hup: signal(SignalKind::hangup())?,
+        })
     }
 }

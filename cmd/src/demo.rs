@@ -76,7 +76,7 @@ pub async fn run(admin: SocketAddr, duration: Option<Duration>) -> Result<u8, De
     let dir = tempfile::tempdir()?;
     let mut servers = Vec::new();
     let mut yaml = format!(
-        "admin: {{address: \"{admin}\"}}\n\
+        "admin: {{address: \"{admin}\", drainWindow: 0s}}\n\
          probe: {{interval: 1s, timeout: 500ms, failureThreshold: 3}}\n\
          supervisor: {{backoff: {{initial: 1s, max: 30s}}}}\n\
          watch: [{{apiVersion: v1, kind: ConfigMap}}, {{apiVersion: v1, kind: Namespace}}]\n\

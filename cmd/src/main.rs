@@ -14,7 +14,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use tether_probes::{Identity, Outcome, ProbeResult};
 
 use tether::config::{Config, ConfigError};
-use tether::daemon::{Daemon, StartError};
+use tether::daemon::{Daemon, Signals, StartError};
 use tether::remote::{self, ResolvedRemote};
 use tether::stdout;
 
@@ -133,12 +133,20 @@ fn start_failed(err: &StartError) -> ExitCode {
 }
 
 async fn run(args: &ConfigArgs) -> ExitCode {
+    // Before anything slow: a SIGHUP during start must not end the process.
+    let signals = match Signals::install() {
+        Ok(signals) => signals,
+        Err(err) => {
+            eprintln!("tether: cannot install the signal handlers: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
     let config = match load(args) {
         Ok(config) => config,
         Err(err) => return bad_input(&err),
     };
     match Daemon::start(config).await {
-        Ok(daemon) => ExitCode::from(daemon.run_until_signalled().await),
+        Ok(daemon) => ExitCode::from(daemon.run_until_signalled(signals).await),
         Err(err) => start_failed(&err),
     }
 }

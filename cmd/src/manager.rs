@@ -106,6 +106,18 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// Every `(remote, resource)` pair planned.
+    fn pairs(&self) -> BTreeSet<(String, String)> {
+        self.remotes
+            .iter()
+            .flat_map(|r| {
+                self.watch
+                    .iter()
+                    .map(|w| (r.name.clone(), w.resource_label()))
+            })
+            .collect()
+    }
+
     /// The remotes the manager uses: none when it watches nothing.
     fn used(&self) -> &[ResolvedRemote] {
         if self.watch.is_empty() {
@@ -134,9 +146,28 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Shared {
+    /// Records a cache's state, if the cache is still planned: a reflector
+    /// of a remote that a reload removed, still tearing down, must not bring
+    /// its series back.
     fn set_cache(&self, remote: &str, resource: &str, state: CacheState) {
-        lock(&self.caches).insert((remote.to_owned(), resource.to_owned()), state);
-        self.export(remote, resource, state);
+        let mut caches = lock(&self.caches);
+        if let Some(cache) = caches.get_mut(&(remote.to_owned(), resource.to_owned())) {
+            *cache = state;
+            self.export(remote, resource, state);
+        }
+    }
+
+    /// Deletes the caches, and their series, of pairs `plan` no longer has.
+    fn forget_unplanned(&self, plan: &Plan) {
+        let wanted = plan.pairs();
+        lock(&self.caches).retain(|(remote, resource), _| {
+            let keep = wanted.contains(&(remote.clone(), resource.clone()));
+            if !keep {
+                let _ = self.synced.remove_label_values(&[remote, resource]);
+                let _ = self.objects.remove_label_values(&[remote, resource]);
+            }
+            keep
+        });
     }
 
     fn export(&self, remote: &str, resource: &str, state: CacheState) {
@@ -154,37 +185,28 @@ impl Shared {
         let mut caches = lock(&self.caches);
         for spec in watch {
             let resource = spec.resource_label();
-            let state = caches
-                .entry((remote.to_owned(), resource.clone()))
-                .or_default();
-            *state = CacheState {
-                objects: state.objects,
-                ..CacheState::default()
-            };
-            self.export(remote, &resource, *state);
+            // Only caches still planned: a run of a remote a reload removed
+            // must not bring its series back.
+            if let Some(state) = caches.get_mut(&(remote.to_owned(), resource.clone())) {
+                *state = CacheState {
+                    objects: state.objects,
+                    ..CacheState::default()
+                };
+                self.export(remote, &resource, *state);
+            }
         }
     }
 
     /// Resets the caches for a new cycle's plan: series of pairs no longer
     /// planned are deleted, the rest start unsynced.
     fn reset_caches(&self, plan: &Plan) {
-        let wanted: BTreeSet<(String, String)> = plan
-            .remotes
-            .iter()
-            .flat_map(|r| {
-                plan.watch
-                    .iter()
-                    .map(|w| (r.name.clone(), w.resource_label()))
-            })
-            .collect();
-        lock(&self.caches).retain(|(remote, resource), _| {
-            let keep = wanted.contains(&(remote.clone(), resource.clone()));
-            if !keep {
-                let _ = self.synced.remove_label_values(&[remote, resource]);
-                let _ = self.objects.remove_label_values(&[remote, resource]);
+        self.forget_unplanned(plan);
+        {
+            let mut caches = lock(&self.caches);
+            for pair in plan.pairs() {
+                caches.entry(pair).or_default();
             }
-            keep
-        });
+        }
         for remote in &plan.remotes {
             self.unsync(&remote.name, &plan.watch);
         }
@@ -252,8 +274,10 @@ impl WatchManager {
 }
 
 impl ManagerHandle {
-    /// Replaces the plan; the next cycle runs it.
+    /// Replaces the plan; the next cycle runs it. The caches and series of
+    /// remotes and resources it no longer has go at once.
     pub fn update(&self, plan: Plan) {
+        self.shared.forget_unplanned(&plan);
         *lock(&self.shared.plan) = Arc::new(plan);
     }
 

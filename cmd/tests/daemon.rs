@@ -84,17 +84,25 @@ async fn a_lost_remote_costs_one_rebuild_and_its_recovery_one_more() {
     tether.signal("TERM");
     let asked = Instant::now();
     let mut last = None;
+    let mut first_503 = None;
     while let Some((code, _)) = tether.get("/readyz").await {
         if last == Some(503) {
             assert_eq!(code, 503, "ready again after draining began");
+        }
+        if code == 503 {
+            first_503.get_or_insert_with(Instant::now);
         }
         last = Some(code);
         assert!(asked.elapsed() < DEADLINE, "still serving after SIGTERM");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    if let Some(code) = last {
-        assert_eq!(code, 503, "ready right up to the exit");
-    }
+    assert_eq!(last, Some(503), "ready right up to the exit");
+    // The test config's drain window is 1s: long enough to be seen.
+    let drained = first_503.expect("a 503").elapsed();
+    assert!(
+        drained >= Duration::from_millis(900),
+        "/readyz answered 503 for only {drained:?} before the listener closed"
+    );
     let status = tether.wait().await;
     assert_eq!(status.code(), Some(0), "logs:\n{}", tether.logs());
     let logs = tether.logs();
@@ -210,6 +218,13 @@ async fn reload_applies_a_good_config_and_rejects_a_broken_one() {
             |v| v >= 1.0,
         )
         .await;
+    // Every series of the removed remote goes with the reload: its probe's
+    // and its caches', not at the next cycle's start (a backoff later).
+    let (_, metrics) = tether.get("/metrics").await.expect("metrics");
+    assert!(
+        !metrics.contains("remote=\"b\""),
+        "series of the removed remote remain:\n{metrics}"
+    );
     tether
         .until_metric(
             "tether_remote_probe_consecutive_failures{remote=\"c\"}",
@@ -217,19 +232,7 @@ async fn reload_applies_a_good_config_and_rejects_a_broken_one() {
             |v| v == 0.0,
         )
         .await;
-    // The probe series go at once; the cache series with the next cycle.
-    let started = Instant::now();
-    loop {
-        let (_, metrics) = tether.get("/metrics").await.expect("metrics");
-        if !metrics.contains("remote=\"b\"") {
-            break;
-        }
-        assert!(
-            started.elapsed() < DEADLINE,
-            "series of the removed remote remain:\n{metrics}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+
     let streak = tether
         .metric("tether_remote_probe_consecutive_failures{remote=\"a\"}")
         .await;
@@ -349,4 +352,105 @@ async fn sigterm_while_caches_cannot_sync_still_exits_cleanly_and_logs_json() {
     }
     assert!(lines >= 3, "too few log lines: {logs}");
     assert!(logs.contains("draining"), "{logs}");
+}
+
+/// Whether the process `pid` catches `signal` (its bit in `SigCgt`).
+fn catches(pid: u32, signal: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("SigCgt:"))
+                .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        })
+        .is_some_and(|mask| mask & (1 << (signal - 1)) != 0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sighup_while_starting_does_not_end_the_process() {
+    let a = remote("a", true).await;
+    let dir = tempfile::tempdir().expect("dir");
+    // The remote's CA is a FIFO: starting blocks on reading it until the
+    // test writes it, which holds tether in the middle of its start.
+    let ca = dir.path().join("ca.fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&ca)
+        .status()
+        .expect("mkfifo runs (coreutils)");
+    assert!(made.success());
+    let kubeconfig = dir.path().join("a.kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: a\n\
+             clusters: [{{name: a, cluster: {{server: \"{}\", certificate-authority: {}}}}}]\n\
+             users: [{{name: a, user: {{token: {}}}}}]\n\
+             contexts: [{{name: a, context: {{cluster: a, user: a}}}}]\n",
+            a.url(),
+            ca.display(),
+            a.token().expect("a token")
+        ),
+    )
+    .expect("kubeconfig");
+    let admin = format!("127.0.0.1:{}", free_port());
+    let config = dir.path().join("tether.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "admin: {{address: \"{admin}\"}}\nremotes: [{{name: a, kubeconfig: {}}}]\n",
+            kubeconfig.display()
+        ),
+    )
+    .expect("config");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tether"))
+        .args(["run", "--config"])
+        .arg(&config)
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("tether starts");
+    let pid = child.id().expect("running");
+
+    // The handler is in place while the start still waits on the CA.
+    let waited = Instant::now();
+    while !catches(pid, 1) {
+        assert!(
+            waited.elapsed() < Duration::from_secs(10),
+            "no SIGHUP handler while tether starts: a SIGHUP now would end it"
+        );
+        assert!(
+            child.try_wait().expect("wait works").is_none(),
+            "tether exited"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        common::http_get(&admin, "/healthz").await.is_none(),
+        "tether had already started"
+    );
+    let status = std::process::Command::new("kill")
+        .args(["-HUP", &pid.to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success());
+    let pem = a.ca_pem().expect("a CA");
+    tokio::task::spawn_blocking(move || std::fs::write(ca, pem))
+        .await
+        .expect("joins")
+        .expect("the CA is written into the FIFO");
+
+    let started = Instant::now();
+    loop {
+        assert!(
+            child.try_wait().expect("wait works").is_none(),
+            "tether ended after a SIGHUP during its start"
+        );
+        if common::http_get(&admin, "/readyz").await.map(|(c, _)| c) == Some(200) {
+            break;
+        }
+        assert!(started.elapsed() < DEADLINE, "tether never became ready");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = child.kill().await;
 }

@@ -196,10 +196,16 @@ async fn idle_connections_neither_spin_the_admin_server_nor_lock_out_healthz() {
         let asked = Instant::now();
         let answer = tether.get("/healthz").await;
         assert_eq!(answer.map(|(code, _)| code), Some(200), "{}", tether.logs());
-        assert!(asked.elapsed() < Duration::from_secs(1), "/healthz took {:?}", asked.elapsed());
+        assert!(
+            asked.elapsed() < Duration::from_secs(1),
+            "/healthz took {:?}",
+            asked.elapsed()
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let cpu = (tether_testkit::procfs::cpu_time(Some(pid)).expect("/proc") - cpu_before)
+    let cpu = tether_testkit::procfs::cpu_time(Some(pid))
+        .expect("/proc")
+        .saturating_sub(cpu_before)
         .as_secs_f64()
         / measured.elapsed().as_secs_f64();
     assert!(
@@ -222,7 +228,8 @@ async fn the_admin_endpoints_are_read_only() {
                 .expect("connects");
             tokio::io::AsyncWriteExt::write_all(
                 &mut stream,
-                format!("{method} {path} HTTP/1.0\r\nHost: t\r\nContent-Length: 0\r\n\r\n").as_bytes(),
+                format!("{method} {path} HTTP/1.0\r\nHost: t\r\nContent-Length: 0\r\n\r\n")
+                    .as_bytes(),
             )
             .await
             .expect("writes");
@@ -231,7 +238,8 @@ async fn the_admin_endpoints_are_read_only() {
                 .await
                 .expect("reads");
             assert!(
-                answer.starts_with("HTTP/1.0 405") && answer.to_ascii_lowercase().contains("allow: get, head"),
+                answer.starts_with("HTTP/1.0 405")
+                    && answer.to_ascii_lowercase().contains("allow: get, head"),
                 "{method} {path}: {answer}"
             );
         }

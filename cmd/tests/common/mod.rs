@@ -147,7 +147,7 @@ pub(crate) struct Shape<'a> {
 }
 
 /// The test config (interval 1s, timeout 500ms, threshold 3, no jitter,
-/// backoff 1s to 4s), changed as `shape` says.
+/// backoff 1s to 4s, a drain window of 1s), changed as `shape` says.
 pub(crate) fn config_yaml_with(
     dir: &std::path::Path,
     admin: &str,
@@ -155,7 +155,7 @@ pub(crate) fn config_yaml_with(
     shape: &Shape<'_>,
 ) -> String {
     let mut yaml = format!(
-        "admin: {{address: \"{admin}\"}}\n\
+        "admin: {{address: \"{admin}\", drainWindow: 1s}}\n\
          probe: {{interval: 1s, timeout: 500ms, failureThreshold: 3, jitter: 0.0{}}}\n\
          supervisor: {{backoff: {{initial: 1s, max: 4s, jitter: 0.0}}, shutdownGrace: 5s}}\n\
          watch: {}\n\
