@@ -313,8 +313,10 @@ fn api_resource(spec: &WatchSpec) -> ApiResource {
     }
 }
 
+/// The remote's client, its responses bounded so a remote cannot exhaust
+/// tether's memory.
 fn client(remote: &ResolvedRemote) -> Result<kube::Client, Error> {
-    kube::Client::try_from(remote.config.clone()).map_err(|source| Error::Client {
+    tether_probes::bounded_client(remote.config.clone()).map_err(|source| Error::Client {
         remote: remote.name.clone(),
         source,
     })

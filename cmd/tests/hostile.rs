@@ -245,3 +245,104 @@ async fn the_admin_endpoints_are_read_only() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_remotes_are_reported_and_cannot_eat_the_process() {
+    use tether_testkit::{HostileServer, Hostility};
+
+    let healthy = remote("healthy", false).await;
+    let hostile = [
+        ("endless-list", Hostility::EndlessList),
+        ("endless-event", Hostility::EndlessWatchEvent),
+        ("huge-head", Hostility::HugeHead(1_300)),
+        ("drip", Hostility::Drip),
+        ("stall", Hostility::Stall),
+        ("garbage", Hostility::Garbage),
+    ];
+    let mut servers = Vec::new();
+    let mut kubeconfigs = Vec::new();
+    for (name, hostility) in hostile {
+        let server = HostileServer::start(hostility).await.expect("server");
+        kubeconfigs.push((name, server.kubeconfig().to_yaml()));
+        servers.push(server);
+    }
+    let kubeconfig_refs: Vec<(&str, &str)> = kubeconfigs
+        .iter()
+        .map(|(name, yaml)| (*name, yaml.as_str()))
+        .collect();
+    let names: Vec<&str> = hostile.iter().map(|(name, _)| *name).collect();
+    // Their kubeconfigs are written from `kubeconfigs`; the server given
+    // here for each is never read.
+    let mut remotes = vec![("healthy", &healthy)];
+    remotes.extend(names.iter().map(|name| (*name, &healthy)));
+    let tether = Tether::start(
+        &remotes,
+        &[],
+        &Shape {
+            kubeconfigs: &kubeconfig_refs,
+            optional: &names,
+            ..Shape::default()
+        },
+    );
+    let pid = tether.child.id().expect("running");
+    // Four times the list bound, plus the process itself: a remote that
+    // streams without end must never be buffered whole.
+    let bound_kib = 4 * (tether_probes::MAX_RESPONSE >> 10) + 100 * 1024;
+    let rss = || tether_testkit::procfs::status_kib(Some(pid), "VmHWM").unwrap_or(0);
+    tether.until_metric("tether_cycle", "1", |v| v == 1.0).await;
+    let started = Instant::now();
+    loop {
+        let peak = rss();
+        assert!(
+            peak < bound_kib,
+            "tether's peak RSS reached {peak} KiB, past {bound_kib}; logs:\n{}",
+            tether.logs()
+        );
+        assert_eq!(
+            tether.get("/healthz").await.map(|(code, _)| code),
+            Some(200),
+            "{}",
+            tether.logs()
+        );
+        let logs = tether.logs();
+        let states: Vec<(String, String)> = names
+            .iter()
+            .map(|name| {
+                let line = logs
+                    .lines()
+                    .rev()
+                    .find(|l| l.contains("remote apiserver") && l.contains(&format!("\"{name}\"")));
+                ((*name).to_owned(), line.unwrap_or("").to_owned())
+            })
+            .collect();
+        let unreachable = |name: &str| {
+            states
+                .iter()
+                .any(|(n, line)| n == name && line.contains("unreachable"))
+        };
+        let done = logs.contains("passed 64 MiB")
+            && logs.contains("watch event from the remote passed 4 MiB")
+            && ["drip", "stall", "garbage"]
+                .iter()
+                .all(|name| unreachable(name))
+            && started.elapsed() > Duration::from_secs(10);
+        if done {
+            break;
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "the hostile remotes were not all reported: {states:?}; logs:\n{logs}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!(
+        "hostile remotes: tether's peak RSS {} KiB (bound {bound_kib} KiB)",
+        rss()
+    );
+    // Remotes that answer are reachable, however they answer.
+    for name in ["endless-list", "endless-event", "huge-head"] {
+        let status = remote_status(&tether, name).await.expect("listed");
+        assert_eq!(status["state"], "reachable", "{name}: {status}");
+    }
+    tether.until_ready(true).await;
+}

@@ -53,7 +53,8 @@ pub enum Outcome {
     /// or server error, so every status is reachable unless listed in
     /// `unreachableStatuses`.
     Reachable {
-        /// The HTTP status.
+        /// The HTTP status; `0` ([`HEAD_TOO_LARGE`](crate::HEAD_TOO_LARGE))
+        /// for an answer whose head was too large to read.
         status: u16,
     },
     /// A transport failure, the deadline, or a listed status.
@@ -231,6 +232,14 @@ pub fn classify(error: &kube::Error) -> Outcome {
 /// connection ([`ProbeSetHandle::suspect`](crate::ProbeSetHandle::suspect)).
 #[must_use]
 pub fn transport_failure(error: &kube::Error) -> Option<FailureCause> {
+    // A response cut for its size came over a working connection.
+    let mut current: Option<&(dyn StdError + 'static)> = Some(error);
+    while let Some(err) = current {
+        if err.is::<crate::ResponseTooLarge>() {
+            return None;
+        }
+        current = next_cause(err);
+    }
     match error {
         kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::ReadEvents(_) => {
             match classify(error) {

@@ -37,6 +37,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod bounded;
 mod classify;
 mod config;
 mod credentials;
@@ -46,13 +47,16 @@ mod probe;
 mod set;
 mod tracker;
 
+pub use crate::bounded::{
+    Bounded, MAX_RESPONSE, MAX_WATCH_EVENT, ResponseTooLarge, bounded_client,
+};
 pub use crate::classify::{
     FailureCause, Outcome, ProbeResult, classify, root_cause, transport_failure,
 };
 pub use crate::config::ProbeConfig;
 pub use crate::credentials::{BuildError, PLUGIN_DEADLINE, Pending, off_workers, once_off_workers};
 pub use crate::identity::{Identity, Remote, host_port, normalize_url};
-pub use crate::probe::{ProbeClient, probe_client, probe_once, without_userinfo};
+pub use crate::probe::{HEAD_TOO_LARGE, ProbeClient, probe_client, probe_once, without_userinfo};
 pub use crate::set::{CheckRow, ProbeSet, ProbeSetHandle, RemoteStatus, Transition, check};
 pub use crate::tracker::{Reachability, Tracker};
 

@@ -37,8 +37,16 @@ use crate::{Error, ProbeConfig, Result};
 /// be reused; `/readyz` answers a few bytes.
 const MAX_BODY: usize = 64 * 1024;
 
-/// How much a probe's connection reads at a time.
-const READ_BUFFER: usize = 1024;
+/// The largest response head a probe reads: load balancers, proxies and
+/// audit IDs add headers, and 32 KiB holds any real head several times
+/// over. A larger head still answered: it counts as a response, with status
+/// [`HEAD_TOO_LARGE`].
+const MAX_HEAD: usize = 32 * 1024;
+
+/// The status recorded for an answer whose head passed [`MAX_HEAD`]: the
+/// remote answered (reachable), but what it said could not be read (not
+/// ready).
+pub const HEAD_TOO_LARGE: u16 = 0;
 
 /// Turns a probe request into what is sent: base URL, credentials, extra
 /// headers, exactly as kube's client would.
@@ -257,11 +265,12 @@ impl Direct {
                 .ready()
                 .await
                 .map_err(|err| Failure::transport(&err, FailureCause::Reset))?;
-            let response = conn
-                .sender
-                .send_request(request)
-                .await
-                .map_err(|err| Failure::transport(&err, FailureCause::Other))?;
+            let response = match conn.sender.send_request(request).await {
+                Ok(response) => response,
+                // It answered, with more head than is worth reading.
+                Err(err) if err.is_parse_too_large() => return Ok((HEAD_TOO_LARGE, false)),
+                Err(err) => return Err(Failure::transport(&err, FailureCause::Other)),
+            };
             let status = response.status().as_u16();
             let closing = response
                 .headers()
@@ -341,9 +350,10 @@ where
     T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
     let (sender, connection) = http1::Builder::new()
-        // An answer to a probe is a few hundred bytes; hyper's adaptive
-        // buffer starts at 8 KiB, per remote.
-        .read_buf_exact_size(Some(READ_BUFFER))
+        // hyper's adaptive buffer starts at 8 KiB and grows to the most a
+        // head may take; as many headers as fit in it, not hyper's 100.
+        .max_buf_size(MAX_HEAD)
+        .max_headers(MAX_HEAD / 32)
         .handshake(TokioIo::new(stream))
         .await
         .map_err(|err| Failure::transport(&err, FailureCause::Other))?;

@@ -8,11 +8,11 @@ use std::time::Duration;
 use futures_util::StreamExt as _;
 use prometheus::{Encoder as _, Registry, TextEncoder};
 use tether_probes::{
-    FailureCause, Outcome, ProbeConfig, ProbeSet, ProbeSetHandle, Reachability, Remote, Transition,
-    check, probe_client, probe_once,
+    FailureCause, HEAD_TOO_LARGE, Outcome, ProbeConfig, ProbeSet, ProbeSetHandle, Reachability,
+    Remote, Transition, check, probe_client, probe_once,
 };
 use tether_supervisor::RemoteSignal;
-use tether_testkit::{ApiServer, Fault, Options};
+use tether_testkit::{ApiServer, Fault, HostileServer, Hostility, Options};
 use tokio::sync::broadcast;
 use tokio::time::{Instant, timeout};
 
@@ -770,4 +770,30 @@ async fn suspicions_never_hurry_a_failing_remote_toward_the_threshold() {
         "a suspicion probed a failing remote early: the third failure came {:?} after the second",
         second.elapsed()
     );
+}
+
+#[tokio::test]
+async fn a_large_response_head_is_still_a_response() {
+    for (size, status) in [(1_300, 200), (16 * 1024, 200), (64 * 1024, HEAD_TOO_LARGE)] {
+        let server = HostileServer::start(Hostility::HugeHead(size))
+            .await
+            .expect("server");
+        let kubeconfig = kube::config::Kubeconfig::from_yaml(&server.kubeconfig().to_yaml())
+            .expect("kubeconfig");
+        let config = kube::Config::from_custom_kubeconfig(
+            kubeconfig,
+            &kube::config::KubeConfigOptions::default(),
+        )
+        .await
+        .expect("config");
+        let mut client = probe_client(&config, &one_off()).expect("client");
+        let outcome = probe_once(&mut client, "/readyz", TIMEOUT, &[])
+            .await
+            .outcome;
+        assert_eq!(
+            outcome,
+            Outcome::Reachable { status },
+            "a head of {size} bytes"
+        );
+    }
 }

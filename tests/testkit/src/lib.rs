@@ -17,7 +17,9 @@
 //!   optional bearer tokens.
 //!
 //! [`Fault`]s switch at run time, and act at the socket level the way the
-//! real failure does. [`serve_control`] exposes them over HTTP for the
+//! real failure does. A [`HostileServer`] is no apiserver at all: it
+//! misbehaves in one way (an endless body, a huge head, a drip, a stall,
+//! garbage) for the hostile-peer tests. [`serve_control`] exposes them over HTTP for the
 //! `fake-apiserver` binary. A [`TestHost`] (root only) gives a network path
 //! whose packets can be dropped, for the `blackhole` fault.
 //!
@@ -39,6 +41,7 @@
 mod api;
 mod control;
 mod fault;
+mod hostile;
 mod kubeconfig;
 mod netns;
 pub mod procfs;
@@ -51,6 +54,7 @@ mod tls;
 
 pub use crate::control::serve_control;
 pub use crate::fault::{Fault, parse_duration};
+pub use crate::hostile::{HostileServer, Hostility};
 pub use crate::kubeconfig::Kubeconfig;
 pub use crate::netns::TestHost;
 pub use crate::resource::Resource;
