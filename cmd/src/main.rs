@@ -276,7 +276,22 @@ async fn validate(args: &ConfigArgs) -> ExitCode {
         } else {
             format!(", CA {:016x}", identity.ca_hash)
         };
-        let _ = writeln!(out, "  {}{tls}{ca}: {}", identity.url, names.join(", "));
+        let cert = if identity.client_cert_hash == 0 {
+            String::new()
+        } else {
+            format!(", client certificate {:016x}", identity.client_cert_hash)
+        };
+        let insecure = if identity.insecure {
+            ", TLS verification OFF"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            out,
+            "  {}{tls}{ca}{cert}{insecure}: {}",
+            identity.url,
+            names.join(", ")
+        );
     }
     stdout::write(&out);
     ExitCode::SUCCESS

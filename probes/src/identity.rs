@@ -51,6 +51,13 @@ pub struct Identity {
     pub ca_hash: u64,
     /// The proxy URL, without userinfo.
     pub proxy: Option<String>,
+    /// Whether the server's certificate goes unverified: a remote that
+    /// verifies and one that does not can disagree on reachability.
+    pub insecure: bool,
+    /// A hash of the client certificate presented (its file or its data);
+    /// 0 when there is none. A server that checks client certificates can
+    /// accept one and refuse another.
+    pub client_cert_hash: u64,
 }
 
 /// `host:port` of `uri`, with no userinfo, ever.
@@ -109,11 +116,23 @@ impl Identity {
             certs.hash(&mut hasher);
             hasher.finish()
         });
+        let auth = &config.auth_info;
+        let client_cert_hash = match (&auth.client_certificate, &auth.client_certificate_data) {
+            (None, None) => 0,
+            (file, data) => {
+                let mut hasher = DefaultHasher::new();
+                file.hash(&mut hasher);
+                data.hash(&mut hasher);
+                hasher.finish()
+            }
+        };
         Ok(Self {
             url: normalize_url(&config.cluster_url)?,
             tls_server_name: config.tls_server_name.clone(),
             ca_hash,
             proxy: config.proxy_url.as_ref().map(host_port_with_scheme),
+            insecure: config.accept_invalid_certs,
+            client_cert_hash,
         })
     }
 
@@ -192,5 +211,24 @@ mod tests {
         let mut with_name = config("https://h:6443");
         with_name.tls_server_name = Some("kubernetes".into());
         assert_ne!(Identity::of(&with_name).expect("valid"), a);
+    }
+
+    #[test]
+    fn identity_separates_verification_and_client_certificates() {
+        let config = |url: &str| kube::Config::new(url.parse().expect("valid"));
+        let verifying = Identity::of(&config("https://h:6443")).expect("valid");
+        let mut insecure = config("https://h:6443");
+        insecure.accept_invalid_certs = true;
+        assert_ne!(Identity::of(&insecure).expect("valid"), verifying);
+        let mut with_cert = config("https://h:6443");
+        with_cert.auth_info.client_certificate_data = Some("LS0tLS1...".into());
+        let mut other_cert = config("https://h:6443");
+        other_cert.auth_info.client_certificate = Some("/etc/tether/b.crt".into());
+        let (one, other) = (
+            Identity::of(&with_cert).expect("valid"),
+            Identity::of(&other_cert).expect("valid"),
+        );
+        assert_ne!(one, verifying);
+        assert_ne!(one, other);
     }
 }

@@ -797,3 +797,38 @@ async fn a_large_response_head_is_still_a_response() {
         );
     }
 }
+
+#[tokio::test]
+async fn one_url_verified_and_unverified_is_two_probes_with_their_own_results() {
+    let server = ApiServer::start(Options::default().tls(true))
+        .await
+        .expect("server");
+    // One name verifies the certificate with no CA to trust: a TLS
+    // failure. The other skips verification: it answers.
+    let mut verifying = config_of(&server).await;
+    verifying.root_cert = None;
+    let mut insecure = verifying.clone();
+    insecure.accept_invalid_certs = true;
+    let probes = ProbeSet::new(fast(1, 1), &Registry::new()).expect("probe set");
+    let handle = probes.handle();
+    probes
+        .sync(&[
+            Remote::new("verifying", verifying),
+            Remote::new("insecure", insecure),
+        ])
+        .expect("sync");
+    until(&handle, "verifying", "unreachable", |s| {
+        s.state == Reachability::Unreachable
+    })
+    .await;
+    until(&handle, "insecure", "reachable", |s| {
+        s.state == Reachability::Reachable
+    })
+    .await;
+    let verifying = handle
+        .status()
+        .into_iter()
+        .find(|s| s.name == "verifying")
+        .expect("configured");
+    assert_eq!(verifying.last_cause, Some(FailureCause::Tls));
+}
