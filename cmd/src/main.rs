@@ -251,10 +251,19 @@ async fn validate(args: &ConfigArgs) -> ExitCode {
             watch.api_version, watch.kind
         );
     }
+    if let Err(exit) = write_identities(&mut out, &remotes) {
+        return exit;
+    }
+    stdout::write(&out);
+    ExitCode::SUCCESS
+}
+
+/// The probe identities and the names each one answers for.
+fn write_identities(out: &mut String, remotes: &[ResolvedRemote]) -> Result<(), ExitCode> {
     let _ = writeln!(out, "probe identities (each probed once):");
     let mut identities: std::collections::BTreeMap<Identity, Vec<&str>> =
         std::collections::BTreeMap::new();
-    for remote in &remotes {
+    for remote in remotes {
         match Identity::of(&remote.config) {
             Ok(identity) => identities.entry(identity).or_default().push(&remote.name),
             Err(err) => {
@@ -262,7 +271,7 @@ async fn validate(args: &ConfigArgs) -> ExitCode {
                     "tether: invalid configuration: remote {}: {err}",
                     remote.name
                 );
-                return ExitCode::from(2);
+                return Err(ExitCode::from(2));
             }
         }
     }
@@ -293,8 +302,7 @@ async fn validate(args: &ConfigArgs) -> ExitCode {
             names.join(", ")
         );
     }
-    stdout::write(&out);
-    ExitCode::SUCCESS
+    Ok(())
 }
 
 fn describe(result: &ProbeResult) -> (&'static str, String) {
