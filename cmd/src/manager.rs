@@ -27,11 +27,12 @@ use std::time::{Duration, SystemTime};
 use futures_util::StreamExt as _;
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::reflector::store::Writer;
-use kube::runtime::{WatchStreamExt as _, reflector, watcher};
+use kube::runtime::{reflector, watcher};
 use prometheus::{IntGaugeVec, Opts, Registry};
-use tether_probes::ProbeSetHandle;
+use tether_probes::{ProbeSetHandle, Reachability};
 use tether_supervisor::{
-    CycleToken, ManagerError, ManagerFactory, RemoteScope, UsedRemote, UsedRemotes,
+    Backoff, BackoffConfig, CycleToken, ManagerError, ManagerFactory, RemoteScope, UsedRemote,
+    UsedRemotes,
 };
 use tokio::sync::mpsc;
 use tokio::task::{JoinError, JoinSet};
@@ -322,6 +323,64 @@ fn client(remote: &ResolvedRemote) -> Result<kube::Client, Error> {
     })
 }
 
+/// How a failing watch is retried: 1s doubling to 30s, ±20%, as kube's
+/// own default backoff, but reset only by an answer.
+const WATCH_RETRY: BackoffConfig = BackoffConfig {
+    initial: Duration::from_secs(1),
+    max: Duration::from_secs(30),
+    factor: 2.0,
+    jitter: 0.2,
+};
+
+/// How often a watch that keeps failing is summarised in the log, after
+/// its first failure is logged in full.
+const SUMMARY_EVERY: Duration = Duration::from_secs(300);
+
+/// What to log of one more failure of a watch.
+#[derive(Debug, PartialEq, Eq)]
+enum Report {
+    /// The first of a run of failures: in full, as a warning.
+    First,
+    /// `failures` more since the last report, `over` this long.
+    Summary { failures: u32, over: Duration },
+    /// Nothing above debug.
+    Quiet,
+}
+
+/// The failures of one watch since it last worked, for its log lines.
+#[derive(Debug, Default)]
+struct FailureLog {
+    /// Since it last worked.
+    total: u32,
+    /// Since the last line logged, and when that was.
+    since_report: u32,
+    reported_at: Option<Instant>,
+}
+
+impl FailureLog {
+    fn failed(&mut self, now: Instant) -> Report {
+        self.total += 1;
+        self.since_report += 1;
+        match self.reported_at {
+            None => {
+                self.reported_at = Some(now);
+                self.since_report = 0;
+                Report::First
+            }
+            Some(at) if now.saturating_duration_since(at) >= SUMMARY_EVERY => {
+                let report = Report::Summary {
+                    failures: self.since_report,
+                    over: now.saturating_duration_since(at),
+                };
+                self.reported_at = Some(now);
+                self.since_report = 0;
+                report
+            }
+            Some(_) => Report::Quiet,
+        }
+    }
+}
+
 /// A change of a cache's state, for the manager's readiness.
 #[derive(Debug)]
 struct Change {
@@ -364,9 +423,15 @@ impl Cache {
         }
         let writer = Writer::new(ar);
         let reader = writer.as_reader();
-        let stream = reflector(writer, watcher(api, config)).default_backoff();
+        // No kube backoff: it resets on every item, the watcher's `Init`
+        // before each retry included, so a dead remote was retried every
+        // second for ever. The retries wait here instead.
+        let stream = reflector(writer, watcher(api, config));
         let mut stream = std::pin::pin!(stream);
         let mut state = CacheState::default();
+        let mut retry = Backoff::new(WATCH_RETRY);
+        let mut retry_at: Option<Instant> = None;
+        let mut failures = FailureLog::default();
         // When a failing watch makes the cache stale.
         let mut stale_at: Option<Instant> = None;
         loop {
@@ -380,7 +445,11 @@ impl Cache {
                     self.publish(&resource, before, state);
                     continue;
                 }
-                event = stream.next() => event,
+                () = tokio::time::sleep_until(retry_at.unwrap_or_else(Instant::now)), if retry_at.is_some() => {
+                    retry_at = None;
+                    continue;
+                }
+                event = stream.next(), if retry_at.is_none() => event,
             };
             match event {
                 None => return,
@@ -389,10 +458,12 @@ impl Cache {
                     // request: nothing has answered yet.
                     let answered = !matches!(event, watcher::Event::Init);
                     if answered && state.failing_since.is_some() {
-                        info!(%remote, %resource, "watch works again");
+                        info!(%remote, %resource, failures = failures.total, "watch works again");
                         state.failing_since = None;
                         state.stale = false;
                         stale_at = None;
+                        retry.reset();
+                        failures = FailureLog::default();
                     }
                     state.objects = reader.len();
                     if matches!(event, watcher::Event::InitDone) && !state.synced {
@@ -409,12 +480,28 @@ impl Cache {
                     {
                         self.shared.probes.suspect(remote);
                     }
+                    let error = tether_probes::root_cause(&err);
+                    match failures.failed(Instant::now()) {
+                        Report::First => {
+                            warn!(%remote, %resource, %error, "watch failing; retrying with backoff");
+                        }
+                        Report::Summary { failures, over } => {
+                            info!(%remote, %resource, %error, failures, over = ?over, "watch still failing");
+                        }
+                        Report::Quiet => debug!(%remote, %resource, %error, "watch failed again"),
+                    }
                     if state.failing_since.is_none() {
-                        warn!(%remote, %resource, error = %tether_probes::root_cause(&err), "watch failing; retrying with backoff");
                         state.failing_since = Some(SystemTime::now());
                         // `None` (never stale) only for a bound past the clock's range.
                         stale_at = Instant::now().checked_add(self.shared.stale_after);
                     }
+                    // While the probes call the remote lost, a retry cannot
+                    // succeed before they call it back: wait the longest.
+                    let mut wait = retry.next_delay();
+                    if self.shared.probes.state_of(remote) == Some(Reachability::Unreachable) {
+                        wait = wait.max(WATCH_RETRY.max);
+                    }
+                    retry_at = Instant::now().checked_add(wait);
                 }
             }
             self.publish(&resource, before, state);
@@ -611,5 +698,29 @@ impl ManagerFactory for WatchManager {
         // No task outlives its cycle: every part ends with its scope's runs.
         while remotes.join_next().await.is_some() {}
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repeated_failures_are_logged_once_then_summarised() {
+        let start = Instant::now();
+        let mut log = FailureLog::default();
+        assert_eq!(log.failed(start), Report::First);
+        for i in 1..37 {
+            assert_eq!(log.failed(start + Duration::from_secs(i)), Report::Quiet);
+        }
+        assert_eq!(
+            log.failed(start + SUMMARY_EVERY),
+            Report::Summary {
+                failures: 37,
+                over: SUMMARY_EVERY
+            }
+        );
+        assert_eq!(log.failed(start + SUMMARY_EVERY), Report::Quiet);
+        assert_eq!(log.total, 39);
     }
 }

@@ -656,3 +656,43 @@ async fn a_manager_that_panics_every_cycle_backs_off_to_the_cap_and_never_stops(
         tether_supervisor::ShutdownOutcome::Clean
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_remotes_watch_is_retried_slowly_and_logged_once() {
+    let (a, b) = (remote("a", false).await, remote("b", false).await);
+    let tether = Tether::start(
+        &[("a", &a), ("b", &b)],
+        &[],
+        &Shape {
+            probe_extra: ", unreachableStatuses: [500]",
+            ..Shape::default()
+        },
+    );
+    tether.until_ready(true).await;
+    // Every path answers 500 (which kube's client does not retry itself):
+    // the probes call b lost, and the new cycle's lists of b fail.
+    b.set_fault(Fault::Status {
+        code: 500,
+        all_paths: true,
+    })
+    .await
+    .expect("500");
+    tether.until_metric("tether_cycle", "2", |v| v == 2.0).await;
+    let lists = "/api/v1/configmaps";
+    let listed = b.requests(lists);
+    // Ten probe intervals: kube's own backoff, reset by every retry, tried
+    // a list each second; while b is lost, a retry waits 30s.
+    probes(&b, 10).await;
+    let retried = b.requests(lists) - listed;
+    assert!(
+        retried <= 2,
+        "{retried} lists of a lost remote in ten intervals; logs:\n{}",
+        tether.logs()
+    );
+    let logs = tether.logs();
+    let warned = logs
+        .lines()
+        .filter(|l| l.contains("watch failing") && l.contains("remote=b"))
+        .count();
+    assert_eq!(warned, 1, "one warning for a run of failures:\n{logs}");
+}
