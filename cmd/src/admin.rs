@@ -459,13 +459,35 @@ impl Admin {
     }
 }
 
-/// Binds the admin address.
+/// The admin server's listener, and a file descriptor held in reserve for
+/// it, taken before anything else can use them up.
+#[derive(Debug)]
+pub struct Listener {
+    tcp: TcpListener,
+    spare: Option<std::fs::File>,
+}
+
+impl Listener {
+    /// The address it listens on.
+    ///
+    /// # Errors
+    ///
+    /// As `TcpListener::local_addr`.
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.tcp.local_addr()
+    }
+}
+
+/// Binds the admin address, and reserves a descriptor for it.
 ///
 /// # Errors
 ///
 /// The bind error, for the caller to report with the address and exit.
-pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    TcpListener::bind(addr).await
+pub async fn bind(addr: SocketAddr) -> std::io::Result<Listener> {
+    Ok(Listener {
+        tcp: TcpListener::bind(addr).await?,
+        spare: reserve(),
+    })
 }
 
 /// The most admin connections open at once. A new one beyond it closes
@@ -481,6 +503,33 @@ pub const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
 /// descriptors, say) before it tries again; the wait starts at 10 ms and
 /// doubles.
 const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
+
+/// The descriptor held in reserve for the admin server, while it is.
+type Spare = Arc<std::sync::Mutex<Option<std::fs::File>>>;
+
+/// Opens a descriptor to hold in reserve.
+fn reserve() -> Option<std::fs::File> {
+    std::fs::File::open("/dev/null").ok()
+}
+
+/// Closes the reserved descriptor, if there is one to give up.
+fn give_up(spare: &Spare) -> bool {
+    spare
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take()
+        .is_some()
+}
+
+/// Reserves a descriptor again, if none is.
+fn take_back(spare: &Spare) {
+    let mut spare = spare
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if spare.is_none() {
+        *spare = reserve();
+    }
+}
 
 /// The open connections, oldest first, each with what closes it.
 type Open = Arc<std::sync::Mutex<std::collections::VecDeque<(u64, CancellationToken)>>>;
@@ -502,17 +551,42 @@ fn open_lock(
 /// # Cancellation safety
 ///
 /// Cancel safe: dropping it stops accepting; open connections finish.
-pub async fn serve(listener: TcpListener, admin: Arc<Admin>, stop: CancellationToken) {
+pub async fn serve(listener: Listener, admin: Arc<Admin>, stop: CancellationToken) {
+    let Listener {
+        tcp: listener,
+        spare,
+    } = listener;
     let open: Open = Arc::default();
     let mut next_id = 0u64;
     let mut backoff = Duration::ZERO;
+    // A descriptor held in reserve: when the process has none left (its
+    // remotes took them all), it is given up to accept one admin connection,
+    // so `/healthz` still answers, and that connection takes it back as it
+    // closes, before anything else can.
+    let spare: Spare = Arc::new(std::sync::Mutex::new(spare));
     loop {
+        take_back(&spare);
+        let mut reserved = false;
         let stream = tokio::select! {
             () = stop.cancelled() => return,
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
                     backoff = Duration::ZERO;
                     stream
+                }
+                Err(err) if tether_probes::out_of_descriptors(&err) && give_up(&spare) => {
+                    debug!("admin accept: out of descriptors; using the reserved one");
+                    match listener.accept().await {
+                        Ok((stream, _)) => {
+                            reserved = true;
+                            stream
+                        }
+                        Err(err) => {
+                            debug!(error = %err, "admin accept failed even with the reserved descriptor");
+                            take_back(&spare);
+                            continue;
+                        }
+                    }
                 }
                 Err(err) => {
                     if backoff.is_zero() {
@@ -543,6 +617,7 @@ pub async fn serve(listener: TcpListener, admin: Arc<Admin>, stop: CancellationT
         }
         let admin = Arc::clone(&admin);
         let open = Arc::clone(&open);
+        let spare = Arc::clone(&spare);
         tokio::spawn(async move {
             let service = service_fn(move |req: Request<Incoming>| {
                 let response = admin.respond(req.method(), req.uri().path());
@@ -558,6 +633,9 @@ pub async fn serve(listener: TcpListener, admin: Arc<Admin>, stop: CancellationT
                 () = close.cancelled() => debug!("admin connection closed: the oldest of too many"),
             }
             open_lock(&open).retain(|(open_id, _)| *open_id != id);
+            if reserved {
+                take_back(&spare);
+            }
         });
     }
 }

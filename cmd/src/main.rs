@@ -96,6 +96,13 @@ fn main() -> ExitCode {
         DEFAULT_FILTER
     };
     init_logs(cli.log_format, default_filter);
+    if let Some((from, to)) = tether::limits::raise_descriptor_limit() {
+        tracing::info!(
+            from,
+            to,
+            "raised the soft limit on open file descriptors to the hard limit"
+        );
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -309,7 +316,7 @@ fn describe(result: &ProbeResult) -> (&'static str, String) {
     match &result.outcome {
         Outcome::Reachable { status } => ("reachable", status.to_string()),
         Outcome::Unreachable { cause, error } => ("unreachable", format!("{cause}: {error}")),
-        Outcome::LocalError { error } => ("error", format!("local: {error}")),
+        Outcome::LocalError { kind, error } => ("error", format!("local ({kind}): {error}")),
     }
 }
 

@@ -529,6 +529,7 @@ impl Cache {
 /// error alone. `None` once the run ends.
 async fn client_for(
     remote: &ResolvedRemote,
+    probes: &ProbeSetHandle,
     run: &CancellationToken,
     pending: &mut Option<tether_probes::Pending<Result<kube::Client, Error>>>,
 ) -> Option<kube::Client> {
@@ -551,8 +552,14 @@ async fn client_for(
                 }
                 return Some(client);
             }
-            Ok(Err(err)) => tether_probes::root_cause(&err),
-            Err(err) => err.to_string(),
+            Ok(Err(err)) => {
+                probes.count_local_error(tether_probes::LocalKind::of(&err));
+                tether_probes::root_cause(&err)
+            }
+            Err(err) => {
+                probes.count_local_error(tether_probes::LocalKind::of(&err));
+                err.to_string()
+            }
         };
         failures += 1;
         if failures == 1 {
@@ -580,7 +587,7 @@ async fn run_remote(
     let mut pending = None;
     while let Some(run) = scope.next_run().await {
         shared.unsync(&remote.name, &plan.watch);
-        let Some(client) = client_for(&remote, &run, &mut pending).await else {
+        let Some(client) = client_for(&remote, &shared.probes, &run, &mut pending).await else {
             continue;
         };
         let mut caches = JoinSet::new();

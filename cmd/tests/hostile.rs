@@ -10,7 +10,7 @@ use std::time::Duration;
 
 mod common;
 
-use common::{DEADLINE, Shape, Tether, exec_kubeconfig, remote};
+use common::{DEADLINE, Shape, Tether, exec_kubeconfig, probes, remote};
 use tokio::time::Instant;
 
 /// The `remotes[]` entry of `name` in `/status.json`.
@@ -171,7 +171,7 @@ async fn idle_connections_neither_spin_the_admin_server_nor_lock_out_healthz() {
         &[("a", &a)],
         &[],
         &Shape {
-            nofile: Some(128),
+            ulimit: Some("-n 128"),
             ..Shape::default()
         },
     );
@@ -345,4 +345,109 @@ async fn hostile_remotes_are_reported_and_cannot_eat_the_process() {
         assert_eq!(status["state"], "reachable", "{name}: {status}");
     }
     tether.until_ready(true).await;
+}
+
+/// `count` remotes named `r0`, `r1`, ...
+async fn many(count: usize) -> Vec<(String, tether_testkit::ApiServer)> {
+    let mut servers = Vec::new();
+    for i in 0..count {
+        let server = tether_testkit::ApiServer::start(tether_testkit::Options::default())
+            .await
+            .expect("server");
+        servers.push((format!("r{i}"), server));
+    }
+    servers
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_descriptor_left_is_a_local_error_never_a_lost_remote() {
+    let mut servers = many(64).await;
+    let remotes: Vec<(&str, &tether_testkit::ApiServer)> =
+        servers.iter().map(|(n, s)| (n.as_str(), s)).collect();
+    // 64 descriptors, soft and hard: fewer than 64 remotes and tether's own.
+    let tether = Tether::start(
+        &remotes,
+        &[],
+        &Shape {
+            ulimit: Some("-n 64"),
+            watch: Some("[]"),
+            ..Shape::default()
+        },
+    );
+    // While it has none to spare, its admin server may not get one either:
+    // watch its logs.
+    let started = Instant::now();
+    while !tether.logs().contains("kind=descriptors") {
+        assert!(
+            started.elapsed() < DEADLINE,
+            "no local error for want of descriptors; logs:\n{}",
+            tether.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Five probe intervals more: no remote is lost for it.
+    probes(&servers[0].1, 5).await;
+    let logs = tether.logs();
+    assert!(
+        !logs.contains("remote apiserver unreachable"),
+        "a remote was lost for want of descriptors:\n{logs}"
+    );
+    // Half the remotes go away, and their connections with them: with
+    // descriptors to spare again, tether exports what happened.
+    let kept = servers.split_off(32);
+    drop(servers);
+    let local = "tether_local_errors_total{kind=\"descriptors\"}";
+    tether.until_metric(local, "> 0", |v| v > 0.0).await;
+    let (_, metrics) = tether.get("/metrics").await.expect("metrics");
+    let lost: Vec<&str> = metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("tether_remote_transitions_total")
+                && l.contains("to=\"unreachable\"")
+                && kept
+                    .iter()
+                    .any(|(name, _)| l.contains(&format!("remote=\"{name}\"")))
+        })
+        .filter(|l| !l.ends_with(" 0"))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "remotes lost for want of descriptors: {lost:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_soft_descriptor_limit_is_raised_to_the_hard_limit() {
+    let servers = many(47).await;
+    let remotes: Vec<(&str, &tether_testkit::ApiServer)> =
+        servers.iter().map(|(n, s)| (n.as_str(), s)).collect();
+    let tether = Tether::start(
+        &remotes,
+        &[],
+        &Shape {
+            ulimit: Some("-Sn 64"),
+            watch: Some("[]"),
+            ..Shape::default()
+        },
+    );
+    tether.until_ready(true).await;
+    tether
+        .until_metric("process_max_fds", "> 64", |v| v > 64.0)
+        .await;
+    probes(&servers[0].1, 3).await;
+    assert_eq!(
+        tether
+            .metric("tether_local_errors_total{kind=\"descriptors\"}")
+            .await,
+        Some(0.0),
+        "{}",
+        tether.logs()
+    );
+    assert!(
+        tether
+            .logs()
+            .contains("raised the soft limit on open file descriptors"),
+        "{}",
+        tether.logs()
+    );
 }

@@ -65,12 +65,85 @@ pub enum Outcome {
         error: String,
     },
     /// The probe could not be made here: unreadable credentials, a failing
-    /// exec plugin, a bad client configuration. Not a reachability result:
-    /// it never counts toward the failure threshold.
+    /// exec plugin, a bad client configuration, no file descriptor left. Not
+    /// a reachability result: it never counts toward the failure threshold.
     LocalError {
+        /// What kind of local trouble.
+        kind: LocalKind,
         /// The root cause, for the log.
         error: String,
     },
+}
+
+/// What kept a probe from being made here: a closed set, the `kind` label
+/// of `tether_local_errors_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LocalKind {
+    /// This process, or the host, has no file descriptor left (`EMFILE`,
+    /// `ENFILE`): the remote is not to blame.
+    Descriptors,
+    /// Credentials: an exec plugin that fails or hangs, a token file that
+    /// cannot be read.
+    Credentials,
+    /// Anything else: a client that cannot be built, a bad request.
+    Other,
+}
+
+impl LocalKind {
+    /// Every kind, so the counter can start at 0 for each.
+    pub const ALL: [Self; 3] = [Self::Descriptors, Self::Credentials, Self::Other];
+
+    /// The `snake_case` label value.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Descriptors => "descriptors",
+            Self::Credentials => "credentials",
+            Self::Other => "other",
+        }
+    }
+
+    /// The kind of the local trouble behind `error`.
+    #[must_use]
+    pub fn of(error: &(dyn StdError + 'static)) -> Self {
+        if out_of_descriptors(error) {
+            return Self::Descriptors;
+        }
+        let mut current = Some(error);
+        while let Some(err) = current {
+            if err.is::<kube::client::AuthError>() || err.is::<crate::BuildError>() {
+                return Self::Credentials;
+            }
+            current = next_cause(err);
+        }
+        Self::Other
+    }
+}
+
+impl fmt::Display for LocalKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Whether `error`'s chain holds `EMFILE` or `ENFILE`: no file descriptor
+/// left, in this process or on the host. That is never the remote's fault.
+#[must_use]
+pub fn out_of_descriptors(error: &(dyn StdError + 'static)) -> bool {
+    let mut current = Some(error);
+    while let Some(err) = current {
+        if let Some(io) = err.downcast_ref::<io::Error>()
+            && let Some(code) = io.raw_os_error()
+            && matches!(
+                rustix::io::Errno::from_raw_os_error(code),
+                rustix::io::Errno::MFILE | rustix::io::Errno::NFILE
+            )
+        {
+            return true;
+        }
+        current = next_cause(err);
+    }
+    false
 }
 
 /// One probe's outcome and how long it took.
@@ -212,8 +285,9 @@ pub fn classify(error: &kube::Error) -> Outcome {
         kube::Error::Service(inner) => inner.is::<kube::client::AuthError>(),
         _ => false,
     };
-    if local {
+    if local || out_of_descriptors(error) {
         return Outcome::LocalError {
+            kind: LocalKind::of(error),
             error: root_cause(error),
         };
     }
@@ -232,6 +306,10 @@ pub fn classify(error: &kube::Error) -> Outcome {
 /// connection ([`ProbeSetHandle::suspect`](crate::ProbeSetHandle::suspect)).
 #[must_use]
 pub fn transport_failure(error: &kube::Error) -> Option<FailureCause> {
+    // No descriptor left is this process's trouble, not the remote's.
+    if out_of_descriptors(error) {
+        return None;
+    }
     // A response cut for its size came over a working connection.
     let mut current: Option<&(dyn StdError + 'static)> = Some(error);
     while let Some(err) = current {
@@ -340,6 +418,29 @@ mod tests {
             io::Error::from(io::ErrorKind::NotFound),
         )));
         assert!(root_cause(&wrapped).starts_with("the exec credential plugin could not start"));
+    }
+
+    #[test]
+    fn no_descriptor_left_is_a_local_error_never_a_lost_remote() {
+        for errno in [rustix::io::Errno::MFILE, rustix::io::Errno::NFILE] {
+            let err = kube::Error::Service(Box::new(Outer(io::Error::from_raw_os_error(
+                errno.raw_os_error(),
+            ))));
+            assert!(
+                matches!(
+                    classify(&err),
+                    Outcome::LocalError {
+                        kind: LocalKind::Descriptors,
+                        ..
+                    }
+                ),
+                "{errno:?}"
+            );
+            assert_eq!(transport_failure(&err), None);
+        }
+        let refused = io::Error::from(io::ErrorKind::ConnectionRefused);
+        assert!(!out_of_descriptors(&refused));
+        assert_eq!(LocalKind::of(&refused), LocalKind::Other);
     }
 
     #[test]

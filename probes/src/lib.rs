@@ -51,7 +51,8 @@ pub use crate::bounded::{
     Bounded, MAX_RESPONSE, MAX_WATCH_EVENT, ResponseTooLarge, bounded_client,
 };
 pub use crate::classify::{
-    FailureCause, Outcome, ProbeResult, classify, root_cause, transport_failure,
+    FailureCause, LocalKind, Outcome, ProbeResult, classify, out_of_descriptors, root_cause,
+    transport_failure,
 };
 pub use crate::config::ProbeConfig;
 pub use crate::credentials::{BuildError, PLUGIN_DEADLINE, Pending, off_workers, once_off_workers};

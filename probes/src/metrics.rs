@@ -7,7 +7,7 @@ use prometheus::{
     GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
 };
 
-use crate::Reachability;
+use crate::{LocalKind, Reachability};
 
 /// Probe latencies: sub-millisecond loopback up to the largest sane deadline.
 const LATENCY_BUCKETS: [f64; 11] = [
@@ -23,6 +23,7 @@ pub(crate) struct Metrics {
     pub(crate) last_probe: GaugeVec,
     pub(crate) transitions: IntCounterVec,
     pub(crate) panics: IntCounter,
+    pub(crate) local_errors: IntCounterVec,
 }
 
 impl Metrics {
@@ -75,7 +76,17 @@ impl Metrics {
                 "tether_probe_panics_total",
                 "Probe tasks that panicked and were restarted.",
             ))?,
+            local_errors: IntCounterVec::new(
+                Opts::new(
+                    "tether_local_errors_total",
+                    "Probes and client builds that failed here, not at the remote, by kind (descriptors, credentials, other).",
+                ),
+                &["kind"],
+            )?,
         };
+        for kind in LocalKind::ALL {
+            metrics.local_errors.with_label_values(&[kind.as_str()]);
+        }
         registry.register(Box::new(metrics.reachable.clone()))?;
         registry.register(Box::new(metrics.ready.clone()))?;
         registry.register(Box::new(metrics.failures.clone()))?;
@@ -83,6 +94,7 @@ impl Metrics {
         registry.register(Box::new(metrics.last_probe.clone()))?;
         registry.register(Box::new(metrics.transitions.clone()))?;
         registry.register(Box::new(metrics.panics.clone()))?;
+        registry.register(Box::new(metrics.local_errors.clone()))?;
         Ok(metrics)
     }
 

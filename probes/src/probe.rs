@@ -29,7 +29,10 @@ use tokio::time::Instant;
 use tower::util::BoxService;
 use tower::{BoxError, Service as _, ServiceBuilder, ServiceExt as _};
 
-use crate::classify::{FailureCause, Outcome, ProbeResult, cause_in, classify, root_cause};
+use crate::classify::{
+    FailureCause, LocalKind, Outcome, ProbeResult, cause_in, classify, out_of_descriptors,
+    root_cause,
+};
 use crate::credentials::PLUGIN_DEADLINE;
 use crate::{Error, ProbeConfig, Result};
 
@@ -97,18 +100,27 @@ impl Drop for Conn {
 
 /// Why a request got no status.
 enum Failure {
-    /// Before the network: credentials, the request itself.
-    Local(String),
+    /// Before the network (credentials, the request itself), or no
+    /// descriptor left here.
+    Local { kind: LocalKind, error: String },
     /// The transport failed.
     Transport { cause: FailureCause, error: String },
 }
 
 impl Failure {
     fn local(error: &(dyn StdError + 'static)) -> Self {
-        Self::Local(root_cause(error))
+        Self::Local {
+            kind: LocalKind::of(error),
+            error: root_cause(error),
+        }
     }
 
+    /// A transport failure, unless it is this process's own (no descriptor
+    /// left to connect with).
     fn transport(error: &(dyn StdError + 'static), fallback: FailureCause) -> Self {
+        if out_of_descriptors(error) {
+            return Self::local(error);
+        }
         Self::Transport {
             cause: cause_in(error, fallback),
             error: root_cause(error),
@@ -390,9 +402,10 @@ impl ProbeClient {
             (Transport::Proxied(client), Prepared::Proxied(path)) => {
                 proxied_get(client, path).await
             }
-            _ => Err(Failure::Local(
-                "a request prepared for another transport".to_owned(),
-            )),
+            _ => Err(Failure::Local {
+                kind: LocalKind::Other,
+                error: "a request prepared for another transport".to_owned(),
+            }),
         }
     }
 
@@ -444,17 +457,21 @@ pub async fn probe_once(
     timeout: Duration,
     unreachable_statuses: &[u16],
 ) -> ProbeResult {
-    let local = |error: String| ProbeResult {
-        outcome: Outcome::LocalError { error },
+    let local = |kind, error: String| ProbeResult {
+        outcome: Outcome::LocalError { kind, error },
         latency: Duration::ZERO,
     };
     let prepared = match tokio::time::timeout(PLUGIN_DEADLINE, client.prepare(path)).await {
         Err(_) => {
-            return local(format!(
-                "the credentials were not ready within {PLUGIN_DEADLINE:?}: an exec credential plugin that hangs?"
-            ));
+            return local(
+                LocalKind::Credentials,
+                format!(
+                    "the credentials were not ready within {PLUGIN_DEADLINE:?}: an exec credential plugin that hangs?"
+                ),
+            );
         }
-        Ok(Err(Failure::Local(error) | Failure::Transport { error, .. })) => return local(error),
+        Ok(Err(Failure::Local { kind, error })) => return local(kind, error),
+        Ok(Err(Failure::Transport { error, .. })) => return local(LocalKind::Other, error),
         Ok(Ok(prepared)) => prepared,
     };
     let started = Instant::now();
@@ -467,7 +484,7 @@ pub async fn probe_once(
                 error: format!("no answer within {timeout:?}"),
             }
         }
-        Ok(Err(Failure::Local(error))) => Outcome::LocalError { error },
+        Ok(Err(Failure::Local { kind, error })) => Outcome::LocalError { kind, error },
         Ok(Err(Failure::Transport { cause, error })) => Outcome::Unreachable { cause, error },
         Ok(Ok(status)) if unreachable_statuses.contains(&status) => Outcome::Unreachable {
             cause: FailureCause::Status,

@@ -39,7 +39,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, error, info, info_span, warn};
 
-use crate::classify::{FailureCause, Outcome, ProbeResult, root_cause};
+use crate::classify::{FailureCause, LocalKind, Outcome, ProbeResult, root_cause};
 use crate::credentials;
 use crate::metrics::Metrics;
 use crate::probe::{ProbeClient, probe_client, probe_once};
@@ -238,9 +238,9 @@ fn export(metrics: &Metrics, name: &str, host: &str, state: &ProbeState) {
     }
 }
 
-fn local_error(error: String) -> ProbeResult {
+fn local_error(kind: LocalKind, error: String) -> ProbeResult {
     ProbeResult {
-        outcome: Outcome::LocalError { error },
+        outcome: Outcome::LocalError { kind, error },
         latency: Duration::ZERO,
     }
 }
@@ -450,6 +450,16 @@ impl ProbeSetHandle {
         }
     }
 
+    /// Counts a local error met outside the probes, such as a manager's
+    /// client that cannot be built: `tether_local_errors_total{kind}`.
+    pub fn count_local_error(&self, kind: LocalKind) {
+        self.inner
+            .metrics
+            .local_errors
+            .with_label_values(&[kind.as_str()])
+            .inc();
+    }
+
     /// Every configured remote's status, sorted by name.
     #[must_use]
     pub fn status(&self) -> Vec<RemoteStatus> {
@@ -601,11 +611,19 @@ async fn probe_loop(inner: &Inner, shared: &Shared, stop: &CancellationToken) {
             client = match built {
                 Ok(Ok(built)) => Some((generation, built)),
                 Ok(Err(err)) => {
-                    record(inner, shared, local_error(root_cause(&err)));
+                    record(
+                        inner,
+                        shared,
+                        local_error(LocalKind::of(&err), root_cause(&err)),
+                    );
                     continue;
                 }
                 Err(err) => {
-                    record(inner, shared, local_error(err.to_string()));
+                    record(
+                        inner,
+                        shared,
+                        local_error(LocalKind::of(&err), err.to_string()),
+                    );
                     continue;
                 }
             };
@@ -631,9 +649,13 @@ fn record(inner: &Inner, shared: &Shared, result: ProbeResult) {
     state.last_tick = Instant::now();
     state.last_probe = Some(SystemTime::now());
 
-    if let Outcome::LocalError { error } = &result.outcome {
+    if let Outcome::LocalError { kind, error } = &result.outcome {
+        metrics
+            .local_errors
+            .with_label_values(&[kind.as_str()])
+            .inc();
         if state.local_error.as_ref() != Some(error) {
-            warn!(remotes = ?state.names, %host, %error, "cannot probe from here (local error); not counted toward reachability");
+            warn!(remotes = ?state.names, %host, %kind, %error, "cannot probe from here (local error); not counted toward reachability");
         }
         state.local_error = Some(error.clone());
         for name in &state.names {
@@ -731,8 +753,8 @@ pub async fn check(remotes: &[Remote], config: &ProbeConfig) -> Result<Vec<Check
                 )
                 .await
             }
-            Ok(Err(err)) => local_error(root_cause(&err)),
-            Err(err) => local_error(err.to_string()),
+            Ok(Err(err)) => local_error(LocalKind::of(&err), root_cause(&err)),
+            Err(err) => local_error(LocalKind::of(&err), err.to_string()),
         };
         group
             .into_iter()

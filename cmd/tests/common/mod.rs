@@ -142,8 +142,9 @@ pub(crate) struct Shape<'a> {
     pub(crate) optional: &'a [&'a str],
     /// Kubeconfigs written as given instead of the server's own, by remote.
     pub(crate) kubeconfigs: &'a [(&'a str, &'a str)],
-    /// Runs tether under `ulimit -n` of this many descriptors.
-    pub(crate) nofile: Option<u32>,
+    /// Runs tether under `ulimit` with these arguments, e.g. `-n 128`
+    /// (soft and hard) or `-Sn 64` (soft only).
+    pub(crate) ulimit: Option<&'a str>,
 }
 
 /// The test config (interval 1s, timeout 500ms, threshold 3, no jitter,
@@ -207,13 +208,13 @@ impl Tether {
             config_yaml_with(dir.path(), &admin, remotes, shape),
         )
         .expect("config");
-        let mut command = match shape.nofile {
+        let mut command = match shape.ulimit {
             None => Command::new(env!("CARGO_BIN_EXE_tether")),
             Some(limit) => {
                 let mut command = Command::new("sh");
                 command
                     .arg("-c")
-                    .arg(format!("ulimit -n {limit} && exec \"$0\" \"$@\""))
+                    .arg(format!("ulimit {limit} && exec \"$0\" \"$@\""))
                     .arg(env!("CARGO_BIN_EXE_tether"));
                 command
             }
