@@ -346,7 +346,7 @@ impl Admin {
         );
         html.push_str(
             "<h2>Remotes</h2><table><tr><th>remote</th><th>host</th><th>gates readiness</th><th>state</th><th>failures</th>\
-             <th>last cause</th><th>last error</th><th>last transition (s ago)</th><th>latency (s)</th>\
+             <th>last cause</th><th>last error</th><th>local error</th><th>last transition (s ago)</th><th>latency (s)</th>\
              <th>caches</th></tr>",
         );
         for remote in &status.remotes {
@@ -377,12 +377,13 @@ impl Admin {
             let _ = write!(
                 html,
                 "<tr><td>{}</td><td>{}</td><td>{required}</td><td class=\"{state}\">{state}</td><td>{}</td><td>{}</td>\
-                 <td>{}</td><td>{}</td><td>{}</td><td>{caches}</td></tr>",
+                 <td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{caches}</td></tr>",
                 escape(&remote.name),
                 escape(&remote.host),
                 remote.consecutive_failures,
                 text(remote.last_cause),
                 text(remote.last_error.as_deref()),
+                text(remote.local_error.as_deref()),
                 seconds(remote.last_transition_seconds_ago),
                 seconds(remote.latency_seconds),
             );

@@ -229,6 +229,26 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(duration)
 }
 
+/// Whether `path` is a file tether can read, or why not, naming it: a
+/// directory, a symlink loop and a missing file each say so.
+///
+/// # Errors
+///
+/// The reason, with the path.
+pub fn readable_file(path: &Path) -> Result<(), String> {
+    let shown = path.display();
+    match std::fs::metadata(path) {
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            Err(format!("file {shown} does not exist"))
+        }
+        Err(err) => Err(format!("cannot read {shown}: {err}")),
+        Ok(meta) if meta.is_dir() => Err(format!("{shown} is a directory, not a file")),
+        Ok(_) => std::fs::File::open(path)
+            .map(drop)
+            .map_err(|err| format!("cannot read {shown}: {err}")),
+    }
+}
+
 /// A remote name is a Prometheus label value and a log field: keep it to
 /// DNS-label characters.
 fn valid_name(name: &str) -> bool {
@@ -264,14 +284,13 @@ impl Checker<'_> {
         })
     }
 
-    /// A path relative to the config file's folder, which must exist.
+    /// A path relative to the config file's folder, which must be a file
+    /// tether can read.
     fn existing_file(&self, field: &str, value: &str) -> Result<PathBuf, ConfigError> {
         let path = self.base.join(value);
-        if path.is_file() {
-            Ok(path)
-        } else {
-            Err(self.error(field, format!("file {} does not exist", path.display())))
-        }
+        readable_file(&path)
+            .map(|()| path)
+            .map_err(|message| self.error(field, message))
     }
 
     fn probe(&self, raw: RawProbe) -> Result<ProbeConfig, ConfigError> {
@@ -461,6 +480,14 @@ impl Checker<'_> {
                         format!("watch[{i}].namespace"),
                         format!("{kind} is not namespaced"),
                     ));
+                }
+                if let Some(selector) = &watch.label_selector {
+                    tether_testkit::check_label_selector(selector).map_err(|reason| {
+                        self.error(
+                            format!("watch[{i}].labelSelector"),
+                            format!("{selector:?} is not a label selector: {reason}"),
+                        )
+                    })?;
                 }
                 Ok(WatchSpec {
                     api_version,

@@ -233,6 +233,8 @@ async fn validate(args: &ConfigArgs) -> ExitCode {
         out,
         "remotes (required: gates /readyz, its loss ends the cycle; optional: its loss restarts only its own watches):"
     );
+    let resolved: std::collections::BTreeMap<&str, &ResolvedRemote> =
+        remotes.iter().map(|r| (r.name.as_str(), r)).collect();
     for spec in &config.remotes {
         let _ = writeln!(
             out,
@@ -241,6 +243,13 @@ async fn validate(args: &ConfigArgs) -> ExitCode {
             gate(spec.required),
             spec.source
         );
+        let warnings = resolved
+            .get(spec.name.as_str())
+            .map(|r| remote::warnings(&r.config))
+            .unwrap_or_default();
+        for warning in warnings {
+            let _ = writeln!(out, "    warning: {warning}");
+        }
     }
     let _ = writeln!(out, "watch:");
     for watch in &config.watch {

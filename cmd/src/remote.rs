@@ -1,6 +1,8 @@
 //! Turning configured remotes into kube client configurations, once, for
 //! the probes and the manager alike.
 
+use std::path::Path;
+
 use kube::config::{
     AuthInfo, Cluster, Context, ExecInteractiveMode, KubeConfigOptions, Kubeconfig, NamedAuthInfo,
     NamedCluster, NamedContext,
@@ -84,6 +86,92 @@ fn direct_kubeconfig(
     }
 }
 
+/// A field of a remote (`.kubeconfig`, `.context`, or empty for the whole
+/// remote) and what is wrong with it.
+type FieldError = (&'static str, String);
+
+/// The kube configuration a kubeconfig file's `context` (default: its
+/// current one) describes, with every file it names checked first.
+async fn from_kubeconfig(path: &Path, context: Option<&str>) -> Result<kube::Config, FieldError> {
+    let kubeconfig = Kubeconfig::read_from(path).map_err(|e| {
+        (
+            ".kubeconfig",
+            format!("cannot load {}: {}", path.display(), root(&e)),
+        )
+    })?;
+    if let Some(wanted) = context
+        && !kubeconfig.contexts.iter().any(|c| c.name == wanted)
+    {
+        let known: Vec<&str> = kubeconfig
+            .contexts
+            .iter()
+            .map(|c| c.name.as_str())
+            .collect();
+        let known = if known.is_empty() {
+            "none".to_owned()
+        } else {
+            known.join(", ")
+        };
+        return Err((
+            ".context",
+            format!(
+                "{} has no context {wanted:?}; it has: {known}",
+                path.display()
+            ),
+        ));
+    }
+    // kube reads these files itself, and its errors do not name them.
+    check_kubeconfig_files(&kubeconfig, context)
+        .map_err(|message| (".kubeconfig", format!("{}: {message}", path.display())))?;
+    let options = KubeConfigOptions {
+        context: context.map(str::to_owned),
+        ..KubeConfigOptions::default()
+    };
+    kube::Config::from_custom_kubeconfig(kubeconfig, &options)
+        .await
+        .map_err(|e| {
+            let field = if context.is_some() {
+                ".context"
+            } else {
+                ".kubeconfig"
+            };
+            (field, root(&e))
+        })
+}
+
+/// What must hold of a loaded configuration before tether uses it, and the
+/// changes it makes to it.
+fn finish(mut kube_config: kube::Config, spec: &RemoteSpec) -> Result<kube::Config, FieldError> {
+    let direct = matches!(spec.source, RemoteSource::Direct { .. });
+    // Userinfo authenticates nothing for kube; keep it out of every client
+    // and so out of every log line.
+    kube_config.cluster_url = without_userinfo(&kube_config.cluster_url);
+    // A CA file with no certificate in it would fail every TLS handshake.
+    if kube_config.root_cert.as_ref().is_some_and(Vec::is_empty) {
+        return Err((
+            if direct { ".caFile" } else { ".kubeconfig" },
+            "its certificate authority holds no certificate".to_owned(),
+        ));
+    }
+    // A server URL that cannot be probed is a config error, not a loop of
+    // failing builds.
+    tether_probes::Identity::of(&kube_config).map_err(|e| {
+        (
+            if direct { ".server" } else { ".kubeconfig" },
+            format!("its server {}: {e}", kube_config.cluster_url),
+        )
+    })?;
+    for warning in warnings(&kube_config) {
+        warn!(remote = %spec.name, "{warning}");
+    }
+    // A daemon has no terminal: an interactive plugin would inherit tether's
+    // stdin and write its stderr, which may hold a token, into the logs.
+    if let Some(exec) = kube_config.auth_info.exec.as_mut() {
+        exec.interactive_mode = Some(ExecInteractiveMode::Never);
+    }
+    Ok(kube_config)
+}
+
 /// Builds the kube configuration of remote `index` of `config`.
 ///
 /// # Errors
@@ -94,54 +182,9 @@ pub async fn kube_config(
     index: usize,
     spec: &RemoteSpec,
 ) -> Result<kube::Config, ConfigError> {
-    let error = |field: &str, message: String| ConfigError {
-        file: config.label(),
-        field: format!("remotes[{index}]{field}"),
-        message,
-    };
-    let mut kube_config = match &spec.source {
+    let loaded = match &spec.source {
         RemoteSource::Kubeconfig { path, context } => {
-            let kubeconfig = Kubeconfig::read_from(path).map_err(|e| {
-                error(
-                    ".kubeconfig",
-                    format!("cannot load {}: {}", path.display(), root(&e)),
-                )
-            })?;
-            if let Some(wanted) = context
-                && !kubeconfig.contexts.iter().any(|c| &c.name == wanted)
-            {
-                let known: Vec<&str> = kubeconfig
-                    .contexts
-                    .iter()
-                    .map(|c| c.name.as_str())
-                    .collect();
-                return Err(error(
-                    ".context",
-                    format!(
-                        "{} has no context {wanted:?}; it has: {}",
-                        path.display(),
-                        if known.is_empty() {
-                            "none".to_owned()
-                        } else {
-                            known.join(", ")
-                        }
-                    ),
-                ));
-            }
-            let options = KubeConfigOptions {
-                context: context.clone(),
-                ..KubeConfigOptions::default()
-            };
-            kube::Config::from_custom_kubeconfig(kubeconfig, &options)
-                .await
-                .map_err(|e| {
-                    let field = if context.is_some() {
-                        ".context"
-                    } else {
-                        ".kubeconfig"
-                    };
-                    error(field, root(&e))
-                })?
+            from_kubeconfig(path, context.as_deref()).await
         }
         RemoteSource::Direct {
             server,
@@ -149,9 +192,6 @@ pub async fn kube_config(
             token_file,
             insecure_skip_tls_verify,
         } => {
-            if *insecure_skip_tls_verify {
-                warn!(remote = %spec.name, "insecureSkipTlsVerify is set: the server's certificate is not verified");
-            }
             let kubeconfig = direct_kubeconfig(
                 &spec.name,
                 server,
@@ -161,27 +201,89 @@ pub async fn kube_config(
             );
             kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
                 .await
-                .map_err(|e| error("", root(&e)))?
+                .map_err(|e| ("", root(&e)))
         }
         RemoteSource::Inferred => kube::Config::infer().await.map_err(|e| {
-            error(
+            (
                 "",
                 format!(
                     "no config file, and no in-cluster or kubeconfig default: {}",
                     root(&e)
                 ),
             )
-        })?,
+        }),
     };
-    // Userinfo authenticates nothing for kube; keep it out of every client
-    // and so out of every log line.
-    kube_config.cluster_url = without_userinfo(&kube_config.cluster_url);
-    // A daemon has no terminal: an interactive plugin would inherit tether's
-    // stdin and write its stderr, which may hold a token, into the logs.
-    if let Some(exec) = kube_config.auth_info.exec.as_mut() {
-        exec.interactive_mode = Some(ExecInteractiveMode::Never);
+    loaded
+        .and_then(|kube_config| finish(kube_config, spec))
+        .map_err(|(field, message)| ConfigError {
+            file: config.label(),
+            field: format!("remotes[{index}]{field}"),
+            message,
+        })
+}
+
+/// What an operator should know about how a remote is reached: the
+/// server's certificate unverified, or a bearer token sent in the clear.
+#[must_use]
+pub fn warnings(config: &kube::Config) -> Vec<&'static str> {
+    let mut warnings = Vec::new();
+    if config.accept_invalid_certs {
+        warnings.push("TLS verification is OFF: the server's certificate is not verified");
     }
-    Ok(kube_config)
+    let auth = &config.auth_info;
+    let sends_token = auth.token.is_some() || auth.token_file.is_some() || auth.exec.is_some();
+    if sends_token && config.cluster_url.scheme_str() == Some("http") {
+        warnings.push("a bearer token is sent over plain http, readable on the way");
+    }
+    warnings
+}
+
+/// Every file the kubeconfig's chosen context names (the cluster's CA, the
+/// user's token file, client certificate and key) must be readable; the
+/// error names the one that is not.
+fn check_kubeconfig_files(kubeconfig: &Kubeconfig, context: Option<&str>) -> Result<(), String> {
+    let Some(name) = context.or(kubeconfig.current_context.as_deref()) else {
+        return Ok(());
+    };
+    let Some(context) = kubeconfig
+        .contexts
+        .iter()
+        .find(|c| c.name == name)
+        .and_then(|c| c.context.as_ref())
+    else {
+        return Ok(());
+    };
+    let cluster = kubeconfig
+        .clusters
+        .iter()
+        .find(|c| c.name == context.cluster)
+        .and_then(|c| c.cluster.as_ref());
+    let user = context.user.as_ref().and_then(|user| {
+        kubeconfig
+            .auth_infos
+            .iter()
+            .find(|u| &u.name == user)
+            .and_then(|u| u.auth_info.as_ref())
+    });
+    let files = [
+        (
+            "certificate-authority",
+            cluster.and_then(|c| c.certificate_authority.as_deref()),
+        ),
+        ("tokenFile", user.and_then(|u| u.token_file.as_deref())),
+        (
+            "client-certificate",
+            user.and_then(|u| u.client_certificate.as_deref()),
+        ),
+        ("client-key", user.and_then(|u| u.client_key.as_deref())),
+    ];
+    for (field, path) in files {
+        if let Some(path) = path {
+            crate::config::readable_file(std::path::Path::new(path))
+                .map_err(|reason| format!("its {field}: {reason}"))?;
+        }
+    }
+    Ok(())
 }
 
 /// Builds every remote's kube configuration, in config order.

@@ -98,6 +98,13 @@ fn every_config_mistake_exits_2_naming_the_file_and_the_field() {
         ("an overflowing duration", format!("probe: {{interval: 1142673313454786114h}}\n{REMOTE}"), "probe.interval"),
         ("a duration over a day", format!("supervisor: {{shutdownGrace: 25h}}\n{REMOTE}"), "supervisor.shutdownGrace"),
         ("a zero connection age", format!("probe: {{maxConnectionAge: 0s}}\n{REMOTE}"), "probe.maxConnectionAge"),
+        ("a duration past u64", format!("probe: {{interval: 18446744073709551615s}}\n{REMOTE}"), "probe.interval"),
+        ("a backoff past a day", format!("supervisor: {{backoff: {{max: 307445734561825861m}}}}\n{REMOTE}"), "supervisor.backoff.max"),
+        ("a port out of range", "remotes: [{name: a, server: \"https://h:99999\"}]\n".to_owned(), "remotes[0].server: invalid URL \"https://h:99999\": invalid URL: port 99999"),
+        ("a probe path with CR/LF", format!("probe: {{path: \"/readyz\\r\\nX-Injected: 1\"}}\n{REMOTE}"), "probe.path"),
+        ("a CA file with no certificate", "remotes: [{name: a, server: \"https://h:6443\", caFile: token}]\n".to_owned(), "remotes[0].caFile: its certificate authority holds no certificate"),
+        ("an invalid label selector", format!("{REMOTE}watch: [{{apiVersion: v1, kind: ConfigMap, labelSelector: \"app in x\"}}]\n"), "watch[0].labelSelector"),
+        ("a kubeconfig that is a directory", "remotes: [{name: a, kubeconfig: .}]\n".to_owned(), "is a directory, not a file"),
     ];
     for (what, yaml, field) in cases {
         let setup = Setup::new();
@@ -152,6 +159,79 @@ fn validate_prints_the_normalized_config_and_deduplicated_identities() {
         "userinfo was printed: {stdout}"
     );
     let _ = setup.path();
+}
+
+/// A kubeconfig with one context whose cluster and user carry `cluster`
+/// and `user` (YAML flow fields).
+fn kubeconfig_with(setup: &Setup, cluster: &str, user: &str) -> String {
+    let path = setup.path().join("k.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: one\n\
+             clusters: [{{name: c, cluster: {{server: \"https://h:6443\"{cluster}}}}}]\n\
+             users: [{{name: u, user: {{{user}}}}}]\n\
+             contexts: [{{name: one, context: {{cluster: c, user: u}}}}]\n"
+        ),
+    )
+    .expect("write");
+    setup.config(&format!(
+        "remotes: [{{name: a, kubeconfig: {}}}]\n",
+        path.display()
+    ))
+}
+
+#[test]
+fn files_a_kubeconfig_names_must_be_readable_and_are_named() {
+    for (cluster, user, named) in [
+        (
+            ", certificate-authority: /nonexistent/ca.crt",
+            "token: t",
+            "its certificate-authority: file /nonexistent/ca.crt does not exist",
+        ),
+        (
+            "",
+            "tokenFile: /nonexistent/token",
+            "its tokenFile: file /nonexistent/token does not exist",
+        ),
+        (
+            "",
+            "client-certificate: /nonexistent/c.crt, client-key: /nonexistent/c.key",
+            "its client-certificate: file /nonexistent/c.crt does not exist",
+        ),
+    ] {
+        let setup = Setup::new();
+        let file = kubeconfig_with(&setup, cluster, user);
+        let out = tether(&["validate", "--config", &file]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{named}: {stderr}");
+        assert!(
+            stderr.contains("remotes[0].kubeconfig") && stderr.contains(named),
+            "{stderr}"
+        );
+    }
+}
+
+#[test]
+fn validate_warns_of_unverified_tls_and_tokens_over_plain_http() {
+    let setup = Setup::new();
+    let file = kubeconfig_with(&setup, ", insecure-skip-tls-verify: true", "token: t");
+    let out = tether(&["validate", "--config", &file]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        stdout.contains("warning: TLS verification is OFF"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("TLS verification OFF: a"), "{stdout}");
+
+    let plain = setup.config("remotes: [{name: a, server: \"http://h:6443\", tokenFile: token}]\n");
+    let out = tether(&["validate", "--config", &plain]);
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("warning: a bearer token is sent over plain http"),
+        "{stdout}"
+    );
 }
 
 #[test]

@@ -152,6 +152,10 @@ async fn a_failing_exec_plugin_is_told_by_its_exit_status_never_its_output() {
     assert!(error.contains("exit status: 3"), "{error}");
     tether.until_ready(true).await;
     let (_, page) = tether.get("/status").await.expect("the page");
+    assert!(
+        page.contains("exit status: 3"),
+        "the page lacks the local error:\n{page}"
+    );
     for (what, text) in [
         ("/status.json", error.as_str()),
         ("/status", page.as_str()),

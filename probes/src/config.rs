@@ -140,6 +140,12 @@ impl ProbeConfig {
         if !self.path.starts_with('/') {
             return invalid("probe.path", "must start with /");
         }
+        if self.path.parse::<http::uri::PathAndQuery>().is_err() {
+            return Err(Error::InvalidConfig {
+                field: "probe.path",
+                reason: format!("{:?} is not a URL path", self.path),
+            });
+        }
         if self.interval.is_zero() {
             return invalid("probe.interval", "must be greater than zero");
         }
@@ -229,6 +235,10 @@ mod tests {
                 "probe.unreachableStatuses",
             ),
             (ProbeConfig::default().with_path("readyz"), "probe.path"),
+            (
+                ProbeConfig::default().with_path("/readyz\r\nX-Injected: 1"),
+                "probe.path",
+            ),
             (
                 ProbeConfig::default().with_max_connection_age(Duration::ZERO),
                 "probe.maxConnectionAge",

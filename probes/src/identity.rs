@@ -100,6 +100,23 @@ pub fn normalize_url(uri: &Uri) -> Result<String> {
     if uri.host().is_none_or(str::is_empty) {
         return Err(Error::InvalidUrl("no host".to_owned()));
     }
+    // `http::Uri` keeps a port it cannot read as a number and reports none;
+    // probing the scheme's default instead would probe something else.
+    if let Some(authority) = uri.authority() {
+        let host_port = authority
+            .as_str()
+            .rsplit_once('@')
+            .map_or(authority.as_str(), |(_, rest)| rest);
+        if let Some((_, port)) = host_port.rsplit_once(':')
+            && !port.ends_with(']')
+            && !port.is_empty()
+            && port.parse::<u16>().map_or(true, |p| p == 0)
+        {
+            return Err(Error::InvalidUrl(format!(
+                "port {port} is not a port (1-65535)"
+            )));
+        }
+    }
     let path = uri.path().trim_end_matches('/');
     Ok(format!("{scheme}://{}{path}", host_port(uri)))
 }
@@ -192,7 +209,12 @@ mod tests {
 
     #[test]
     fn bad_urls_are_rejected() {
-        for bad in ["ftp://h", "/just/a/path"] {
+        for bad in [
+            "ftp://h",
+            "/just/a/path",
+            "https://h:99999",
+            "https://h:65536/x",
+        ] {
             let uri: Uri = bad.parse().expect("parses as a URI");
             assert!(normalize_url(&uri).is_err(), "{bad}");
         }

@@ -195,6 +195,23 @@ mod tests {
     }
 
     #[test]
+    fn a_factor_too_large_for_backons_f32_saturates_at_the_cap() {
+        for factor in [1e300, 3.5e38, 1e10] {
+            let config = BackoffConfig::default()
+                .with_factor(factor)
+                .with_jitter(0.0);
+            assert!(config.validate().is_ok());
+            let mut backoff = Backoff::new(config);
+            let waits: Vec<_> = (0..6).map(|_| backoff.next_delay()).collect();
+            assert_eq!(waits[0], config.initial, "{factor}");
+            assert!(
+                waits[1..].iter().all(|w| *w == config.max),
+                "{factor}: {waits:?}"
+            );
+        }
+    }
+
+    #[test]
     fn jitter_goes_both_ways() {
         let config = BackoffConfig::default();
         let mut below = 0;

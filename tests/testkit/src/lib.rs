@@ -58,6 +58,7 @@ pub use crate::hostile::{HostileServer, Hostility};
 pub use crate::kubeconfig::Kubeconfig;
 pub use crate::netns::TestHost;
 pub use crate::resource::Resource;
+pub use crate::selector::check_label_selector;
 pub use crate::server::{ApiServer, Options, Restart, Stats};
 
 /// What can go wrong when running a simulated apiserver.

@@ -50,11 +50,36 @@ fn set_values(rest: &str) -> Option<Vec<String>> {
     )
 }
 
-fn valid_key(key: &str) -> bool {
-    !key.is_empty()
-        && key
+/// A label name or value part: up to 63 of `[A-Za-z0-9-_.]`, alphanumeric
+/// at both ends (a value may also be empty).
+fn valid_name(name: &str) -> bool {
+    name.len() <= 63
+        && name
             .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'))
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && name
+            .chars()
+            .next()
+            .is_none_or(|c| c.is_ascii_alphanumeric())
+        && name
+            .chars()
+            .last()
+            .is_none_or(|c| c.is_ascii_alphanumeric())
+}
+
+/// A label key: an optional DNS-subdomain prefix and `/`, then a name.
+fn valid_key(key: &str) -> bool {
+    let (prefix, name) = key.rsplit_once('/').unwrap_or(("", key));
+    !name.is_empty()
+        && valid_name(name)
+        && prefix.len() <= 253
+        && prefix
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '.'))
+}
+
+fn valid_value(value: &str) -> bool {
+    valid_name(value)
 }
 
 impl Selector {
@@ -94,6 +119,14 @@ impl Selector {
             };
             if !valid_key(key) {
                 return Err(format!("invalid label key {key:?}"));
+            }
+            let values: &[String] = match &requirement {
+                Requirement::Equals(_, v) | Requirement::NotEquals(_, v) => std::slice::from_ref(v),
+                Requirement::In(_, vs) | Requirement::NotIn(_, vs) => vs,
+                Requirement::Exists(_) | Requirement::NotExists(_) => &[],
+            };
+            if let Some(bad) = values.iter().find(|v| !valid_value(v)) {
+                return Err(format!("invalid label value {bad:?}"));
             }
             requirements.push(requirement);
         }
@@ -143,6 +176,16 @@ impl Selector {
                 Requirement::NotExists(k) => lookup(k).is_none(),
             })
     }
+}
+
+/// Checks a label selector as the apiserver would: `Err` says what is
+/// wrong with it.
+///
+/// # Errors
+///
+/// A message naming the bad key, value or set.
+pub fn check_label_selector(input: &str) -> Result<(), String> {
+    Selector::parse_labels(input).map(|_| ())
 }
 
 #[cfg(test)]
