@@ -81,6 +81,7 @@ def main():
         "one remote": {"remotes": [remote]},
         "every feature": everything,
         "two replicas": {**everything, "replicaCount": 2},
+        "network policy": {**everything, "networkPolicy": {"enabled": True, "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]}},
     }
     for label, values in cases.items():
         docs = render(values)
@@ -102,6 +103,16 @@ def main():
               f"{label}: the service account token is mounted only when the home cluster is watched")
         check((only(docs, "PodDisruptionBudget") is not None) == (values.get("replicaCount", 1) > 1),
               f"{label}: a PodDisruptionBudget exactly when replicas > 1")
+        policy = only(docs, "NetworkPolicy")
+        wanted = values.get("networkPolicy", {}).get("enabled", False)
+        check((policy is not None) == wanted, f"{label}: a NetworkPolicy exactly when enabled")
+        if policy is not None:
+            rule = policy["spec"]["ingress"][0]
+            check(policy["spec"]["policyTypes"] == ["Ingress"]
+                  and rule["ports"] == [{"port": "admin", "protocol": "TCP"}]
+                  and rule["from"] == values["networkPolicy"]["from"]
+                  and policy["spec"]["podSelector"]["matchLabels"] == deploy["spec"]["selector"]["matchLabels"],
+                  f"{label}: the NetworkPolicy admits only the admin port, from the peers given, to tether's pods")
         config_map = next((d for d in docs if d["kind"] == "ConfigMap" and "config.yaml" in d.get("data", {})), None)
         config = yaml.safe_load(config_map["data"]["config.yaml"]) if config_map else None
         check(config is not None and [r["name"] for r in config["remotes"]] == [r["name"] for r in values.get("remotes", [])],

@@ -213,6 +213,23 @@ fn files_a_kubeconfig_names_must_be_readable_and_are_named() {
 }
 
 #[test]
+fn a_kubeconfig_behind_a_symlink_loop_is_named_as_such() {
+    let setup = Setup::new();
+    let (one, two) = (setup.path().join("loop1"), setup.path().join("loop2"));
+    std::os::unix::fs::symlink(&two, &one).expect("symlink");
+    std::os::unix::fs::symlink(&one, &two).expect("symlink");
+    let file = setup.config("remotes: [{name: a, kubeconfig: loop1}]\n");
+    let out = tether(&["validate", "--config", &file]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("remotes[0].kubeconfig") && stderr.contains("symbolic links"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("does not exist"), "{stderr}");
+}
+
+#[test]
 fn validate_warns_of_unverified_tls_and_tokens_over_plain_http() {
     let setup = Setup::new();
     let file = kubeconfig_with(&setup, ", insecure-skip-tls-verify: true", "token: t");

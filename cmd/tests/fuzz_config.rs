@@ -203,3 +203,83 @@ fn random_server_urls_never_panic_identity() {
     println!("identity fuzz: {executions} executions");
     assert!(executions > 100);
 }
+
+/// A kubeconfig, valid or mangled: clusters, users and contexts that refer
+/// to each other or not, files that exist or not, exec plugins, noise.
+fn kubeconfig() -> impl Strategy<Value = String> {
+    let server = prop_oneof![
+        Just("https://h:6443".to_owned()),
+        "(https?|ftp|)://[a-z0-9.:\\[\\]@-]{0,24}",
+    ];
+    let cluster_extra = prop_oneof![
+        Just(String::new()),
+        Just(", insecure-skip-tls-verify: true".to_owned()),
+        "[a-z/.]{0,20}".prop_map(|p| format!(", certificate-authority: \"{p}\"")),
+        "[A-Za-z0-9+/=]{0,40}".prop_map(|d| format!(", certificate-authority-data: \"{d}\"")),
+    ];
+    let user = prop_oneof![
+        Just("token: t0ken".to_owned()),
+        "[a-z/.]{0,20}".prop_map(|p| format!("tokenFile: \"{p}\"")),
+        "[a-z/.]{0,12}".prop_map(|p| format!("client-certificate: \"{p}\", client-key: \"{p}\"")),
+        Just("exec: {apiVersion: client.authentication.k8s.io/v1, command: \"true\"}".to_owned()),
+        Just("exec: {}".to_owned()),
+        Just(String::new()),
+    ];
+    let names = "(one|two|)";
+    (server, cluster_extra, user, names, names, "[ -~\n]{0,30}").prop_map(
+        |(server, cluster, user, context, current, noise)| {
+            format!(
+                "apiVersion: v1\nkind: Config\ncurrent-context: \"{current}\"\n\
+                 clusters: [{{name: c, cluster: {{server: \"{server}\"{cluster}}}}}]\n\
+                 users: [{{name: u, user: {{{user}}}}}]\n\
+                 contexts: [{{name: \"{context}\", context: {{cluster: c, user: u}}}}]\n{noise}"
+            )
+        },
+    )
+}
+
+#[test]
+fn random_kubeconfigs_never_panic_and_every_rejection_names_the_remote() {
+    let deadline = Instant::now() + budget();
+    let mut runner = runner();
+    let strategy = kubeconfig();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let kubeconfig_path = dir.path().join("k.yaml");
+    // The kubeconfig must exist for the config to load; its content changes.
+    std::fs::write(&kubeconfig_path, "apiVersion: v1\n").expect("write");
+    let config_path = dir.path().join("fuzz.yaml");
+    std::fs::write(&config_path, "remotes: [{name: a, kubeconfig: k.yaml}]\n").expect("write");
+    let config = Config::load(&config_path).expect("a config naming the kubeconfig");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let (mut executions, mut accepted) = (0u64, 0u64);
+    while Instant::now() < deadline {
+        let text = strategy
+            .new_tree(&mut runner)
+            .expect("a value can be generated")
+            .current();
+        std::fs::write(&kubeconfig_path, &text).expect("write");
+        executions += 1;
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            runtime.block_on(tether::remote::resolve(&config))
+        }));
+        match outcome {
+            Ok(Ok(_)) => accepted += 1,
+            Ok(Err(err)) => {
+                assert_eq!(err.file, config_path.display().to_string());
+                assert!(
+                    err.field.starts_with("remotes[0]"),
+                    "no remote field for {text:?}: {err}"
+                );
+                assert!(!err.message.is_empty(), "no reason for {text:?}: {err}");
+            }
+            Err(payload) => std::panic::resume_unwind(Box::new(format!(
+                "resolving panicked on {text:?}: {payload:?}"
+            ))),
+        }
+    }
+    println!("kubeconfig fuzz: {executions} executions, {accepted} accepted");
+    assert!(executions > 100, "the budget allowed too few executions");
+}
