@@ -111,6 +111,14 @@ fn file() -> impl Strategy<Value = String> {
         .prop_map(|(a, p, s, r, w, noise)| [a, p, s, r, w, noise].join("\n"))
 }
 
+/// One value of `strategy`.
+fn draw<S: Strategy>(strategy: &S, runner: &mut TestRunner) -> S::Value {
+    strategy
+        .new_tree(runner)
+        .expect("a value can be generated")
+        .current()
+}
+
 /// A runner that draws values; nothing is persisted between runs.
 fn runner() -> TestRunner {
     TestRunner::new(RunnerConfig {
@@ -126,10 +134,7 @@ fn random_configs_never_panic_and_every_rejection_names_a_field() {
     let strategy = file();
     let (mut executions, mut accepted) = (0u64, 0u64);
     while Instant::now() < deadline {
-        let text = strategy
-            .new_tree(&mut runner)
-            .expect("a value can be generated")
-            .current();
+        let text = draw(&strategy, &mut runner);
         executions += 1;
         match std::panic::catch_unwind(|| {
             Config::parse(&text, "fuzz.yaml", Path::new("/nonexistent"))
@@ -177,10 +182,7 @@ fn random_server_urls_never_panic_identity() {
     let strategy = "(https?|HTTPS?|ftp|)(://)?([a-zA-Z0-9_-]{0,8}(:[a-z0-9]{0,6})?@)?[a-zA-Z0-9.\\[\\]:-]{0,24}(:[0-9]{0,6})?(/[a-z/]{0,10})?";
     let mut executions = 0u64;
     while Instant::now() < deadline {
-        let text = strategy
-            .new_tree(&mut runner)
-            .expect("a value can be generated")
-            .current();
+        let text = draw(&strategy, &mut runner);
         executions += 1;
         let Ok(uri) = text.parse::<http::Uri>() else {
             continue;
@@ -256,10 +258,7 @@ fn random_kubeconfigs_never_panic_and_every_rejection_names_the_remote() {
         .expect("a runtime");
     let (mut executions, mut accepted) = (0u64, 0u64);
     while Instant::now() < deadline {
-        let text = strategy
-            .new_tree(&mut runner)
-            .expect("a value can be generated")
-            .current();
+        let text = draw(&strategy, &mut runner);
         std::fs::write(&kubeconfig_path, &text).expect("write");
         executions += 1;
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {

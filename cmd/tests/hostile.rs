@@ -351,8 +351,12 @@ async fn hostile_remotes_are_reported_and_cannot_eat_the_process() {
     tether.until_ready(true).await;
 }
 
-/// `count` remotes named `r0`, `r1`, ...
-async fn many(count: usize) -> Vec<(String, tether_testkit::ApiServer)> {
+/// `count` remotes named `r0`, `r1`, ..., probed (no watches) by a tether
+/// under `ulimit` with these arguments.
+async fn many_under(
+    count: usize,
+    ulimit: &str,
+) -> (Vec<(String, tether_testkit::ApiServer)>, Tether) {
     let mut servers = Vec::new();
     for i in 0..count {
         let server = tether_testkit::ApiServer::start(tether_testkit::Options::default())
@@ -360,24 +364,24 @@ async fn many(count: usize) -> Vec<(String, tether_testkit::ApiServer)> {
             .expect("server");
         servers.push((format!("r{i}"), server));
     }
-    servers
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn no_descriptor_left_is_a_local_error_never_a_lost_remote() {
-    let mut servers = many(64).await;
     let remotes: Vec<(&str, &tether_testkit::ApiServer)> =
         servers.iter().map(|(n, s)| (n.as_str(), s)).collect();
-    // 64 descriptors, soft and hard: fewer than 64 remotes and tether's own.
     let tether = Tether::start(
         &remotes,
         &[],
         &Shape {
-            ulimit: Some("-n 64"),
+            ulimit: Some(ulimit),
             watch: Some("[]"),
             ..Shape::default()
         },
     );
+    (servers, tether)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_descriptor_left_is_a_local_error_never_a_lost_remote() {
+    // 64 descriptors, soft and hard: fewer than 64 remotes and tether's own.
+    let (mut servers, tether) = many_under(64, "-n 64").await;
     // While it has none to spare, its admin server may not get one either:
     // watch its logs.
     let started = Instant::now();
@@ -422,18 +426,8 @@ async fn no_descriptor_left_is_a_local_error_never_a_lost_remote() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_soft_descriptor_limit_is_raised_to_the_hard_limit() {
-    let servers = many(47).await;
-    let remotes: Vec<(&str, &tether_testkit::ApiServer)> =
-        servers.iter().map(|(n, s)| (n.as_str(), s)).collect();
-    let tether = Tether::start(
-        &remotes,
-        &[],
-        &Shape {
-            ulimit: Some("-Sn 64"),
-            watch: Some("[]"),
-            ..Shape::default()
-        },
-    );
+    // A soft limit of 64 under a higher hard one: tether raises it.
+    let (servers, tether) = many_under(47, "-Sn 64").await;
     tether.until_ready(true).await;
     tether
         .until_metric("process_max_fds", "> 64", |v| v > 64.0)
