@@ -355,6 +355,18 @@ impl Tether {
         assert!(status.success());
     }
 
+    /// Sends SIGTERM and asserts that tether exits 0 within `bound`.
+    pub(crate) async fn terminates_cleanly_within(&mut self, bound: Duration) {
+        let asked = Instant::now();
+        self.signal("TERM");
+        assert_eq!(self.wait().await.code(), Some(0), "{}", self.logs());
+        assert!(
+            asked.elapsed() < bound,
+            "exit took {:?}, over {bound:?}",
+            asked.elapsed()
+        );
+    }
+
     pub(crate) async fn wait(&mut self) -> std::process::ExitStatus {
         timeout(DEADLINE, self.child.wait())
             .await
