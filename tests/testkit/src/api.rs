@@ -19,6 +19,7 @@ use serde_json::{Value, json};
 use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
+use crate::proto::{self, Format, Payload};
 use crate::resource::{
     api_group, api_group_list, api_resource_list, api_versions, openapi_v3_group_version,
     openapi_v3_root,
@@ -26,7 +27,8 @@ use crate::resource::{
 use crate::selector::Selector;
 use crate::server::Shared;
 use crate::status::ApiError;
-use crate::store::{Event, EventType, WatchStart};
+use crate::store::{Event, WatchStart};
+use crate::write::{WriteRequest, Written};
 use crate::{Fault, Resource};
 
 pub(crate) type Body = UnsyncBoxBody<Bytes, Infallible>;
@@ -34,8 +36,6 @@ pub(crate) type Body = UnsyncBoxBody<Bytes, Infallible>;
 /// How long a watch without `timeoutSeconds` lives: the apiserver's
 /// `--min-request-timeout` default (1800s).
 const DEFAULT_WATCH_TIMEOUT: Duration = Duration::from_secs(1800);
-/// The largest body a create or update may send.
-const MAX_BODY: usize = 3 * 1024 * 1024;
 
 fn full(bytes: impl Into<Bytes>) -> Body {
     Full::new(bytes.into()).boxed_unsync()
@@ -207,9 +207,34 @@ pub(crate) async fn handle(
             discovery(openapi_v3_group_version(&rest.join("/")))
         }
         _ => match parse_target(&segments) {
-            Some(target) => resource_request(&shared, conn, &method, target, &params, req)
-                .await
-                .unwrap_or_else(|err| error_response(&err)),
+            Some(target) => {
+                let accept = req
+                    .headers()
+                    .get(header::ACCEPT)
+                    .and_then(|v| v.to_str().ok());
+                let sends = req
+                    .headers()
+                    .get(header::CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok());
+                let format = Format::accepted(accept);
+                if format == Some(Format::Protobuf)
+                    || sends.is_some_and(|c| c.starts_with(proto::PROTOBUF))
+                {
+                    shared.protobuf_requests.fetch_add(1, Ordering::SeqCst);
+                }
+                let Some(format) = format else {
+                    return error_response(&ApiError::new(
+                        406,
+                        "NotAcceptable",
+                        "only the following media types are accepted: application/json, application/vnd.kubernetes.protobuf",
+                    ));
+                };
+                resource_request(&shared, conn, format, target, &params, req)
+                    .await
+                    .unwrap_or_else(|err| {
+                        respond(format, err.code, Payload::Status(&err.to_status()), &[])
+                    })
+            }
             None => error_response(&ApiError::new(
                 404,
                 "NotFound",
@@ -284,36 +309,40 @@ impl Filter {
     }
 }
 
-async fn read_json(req: Request<Incoming>) -> Result<Value, ApiError> {
-    // Only JSON is spoken. client-go sends protobuf for built-in types and
-    // falls back to JSON on a 415, as against an apiserver without it.
-    let content_type = req
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("application/json");
-    if !content_type.starts_with("application/json") {
-        return Err(ApiError::new(
-            415,
-            "UnsupportedMediaType",
-            format!(
-                "the body of the request was in an unknown format - accepted media types include: application/json (got {content_type})"
-            ),
-        ));
+/// Answers with `payload` in `format`, with the `Warning` headers of
+/// `warnings`.
+fn respond(format: Format, code: u16, payload: Payload<'_>, warnings: &[String]) -> Response<Body> {
+    let bytes = match payload.encode(format) {
+        Ok(bytes) => bytes,
+        Err(err) => return error_response(&err),
+    };
+    let mut response = Response::builder()
+        .status(code)
+        .header(header::CONTENT_TYPE, format.content_type());
+    for warning in warnings {
+        // A header value is visible ASCII; a field name may not be.
+        let text: String = warning
+            .chars()
+            .map(|c| {
+                if c == ' ' || c.is_ascii_graphic() {
+                    c
+                } else {
+                    '?'
+                }
+            })
+            .collect();
+        let text = text.replace('\\', "\\\\").replace('"', "\\\"");
+        response = response.header(header::WARNING, format!("299 - \"{text}\""));
     }
-    let body = http_body_util::Limited::new(req.into_body(), MAX_BODY)
-        .collect()
-        .await
-        .map_err(|e| ApiError::bad_request(format!("reading the body failed: {e}")))?
-        .to_bytes();
-    serde_json::from_slice(&body)
-        .map_err(|e| ApiError::bad_request(format!("the body is not JSON: {e}")))
+    response.body(full(bytes)).expect(
+        "a status code from the API, a static content type and visible-ASCII warnings are valid",
+    )
 }
 
 async fn resource_request(
     shared: &Arc<Shared>,
     conn: CancellationToken,
-    method: &Method,
+    format: Format,
     target: Target,
     params: &HashMap<String, String>,
     req: Request<Incoming>,
@@ -324,72 +353,40 @@ async fn resource_request(
         name,
     } = target;
     let store = shared.store();
+    let method = req.method().clone();
     let ns = namespace.clone().unwrap_or_default();
     if resource.namespaced()
         && namespace.is_some()
         && !store.namespace_exists(&ns)
         && method != Method::GET
     {
-        return Err(ApiError::not_found("namespaces", &ns));
+        return Err(ApiError::not_found(Resource::Namespace, &ns));
     }
-    match (method, name) {
+    match (&method, name) {
         (&Method::GET, Some(name)) => store
             .get(resource, &ns, &name)
-            .map(|object| json_response(200, &object))
-            .ok_or_else(|| ApiError::not_found(resource.plural(), &name)),
+            .map(|object| respond(format, 200, Payload::Object(resource, &object), &[]))
+            .ok_or_else(|| ApiError::not_found(resource, &name)),
         (&Method::GET, None) if flag(params, "watch") => {
             let filter = Filter::from_params(namespace, params)?;
-            watch(shared, conn, resource, filter, params)
+            watch(shared, conn, format, resource, filter, params)
         }
         (&Method::GET, None) => {
             let filter = Filter::from_params(namespace, params)?;
-            list(shared, resource, &filter, params)
+            list(shared, format, resource, &filter, params)
         }
         (&Method::POST, None) if resource.writable() && namespace.is_some() => {
-            let object = read_json(req).await?;
-            let name = object["metadata"]["name"]
-                .as_str()
-                .filter(|n| !n.is_empty())
-                .ok_or_else(|| {
-                    ApiError::new(
-                        422,
-                        "Invalid",
-                        format!(
-                            "{} is invalid: metadata.name: Required value: name is required",
-                            resource.kind()
-                        ),
-                    )
-                })?
-                .to_owned();
-            check_body_namespace(&object, &ns)?;
-            store
-                .write(resource, &ns, &name, object, EventType::Added)
-                .map(|created| json_response(201, &created))
+            let write = WriteRequest::read(store, resource, &ns, params, req).await?;
+            Ok(written(format, resource, &write.create()?))
         }
-        (&Method::PUT, Some(name)) if resource.writable() => {
-            let object = read_json(req).await?;
-            check_body_namespace(&object, &ns)?;
-            if object["metadata"]["name"]
-                .as_str()
-                .is_some_and(|n| n != name)
-            {
-                return Err(ApiError::bad_request(
-                    "the name of the object does not match the name on the URL",
-                ));
-            }
-            store
-                .write(resource, &ns, &name, object, EventType::Modified)
-                .map(|updated| json_response(200, &updated))
-        }
-        (&Method::DELETE, Some(name)) if resource.writable() => {
-            let deleted = store.write(resource, &ns, &name, Value::Null, EventType::Deleted)?;
-            Ok(json_response(
-                200,
-                &json!({
-                    "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-                    "details": {"name": name, "kind": resource.plural(), "uid": deleted["metadata"]["uid"]},
-                }),
-            ))
+        (&Method::PUT | &Method::PATCH | &Method::DELETE, Some(name)) if resource.writable() => {
+            let write = WriteRequest::read(store, resource, &ns, params, req).await?;
+            let done = match method {
+                Method::PUT => write.update(&name),
+                Method::PATCH => write.patch(&name),
+                _ => write.delete(&name),
+            }?;
+            Ok(written(format, resource, &done))
         }
         _ => Err(ApiError::new(
             405,
@@ -399,17 +396,18 @@ async fn resource_request(
     }
 }
 
-fn check_body_namespace(object: &Value, namespace: &str) -> Result<(), ApiError> {
-    match object["metadata"]["namespace"].as_str() {
-        Some(ns) if !ns.is_empty() && ns != namespace => Err(ApiError::bad_request(
-            "the namespace of the provided object does not match the namespace sent on the request",
-        )),
-        _ => Ok(()),
-    }
+fn written(format: Format, resource: Resource, done: &Written) -> Response<Body> {
+    let payload = if done.object["kind"] == "Status" {
+        Payload::Status(&done.object)
+    } else {
+        Payload::Object(resource, &done.object)
+    };
+    respond(format, done.code, payload, &done.warnings)
 }
 
 fn list(
     shared: &Shared,
+    format: Format,
     resource: Resource,
     filter: &Filter,
     params: &HashMap<String, String>,
@@ -446,15 +444,13 @@ fn list(
         metadata["continue"] = Value::from(token);
         metadata["remainingItemCount"] = Value::from(remaining);
     }
-    Ok(json_response(
-        200,
-        &json!({
-            "kind": format!("{}List", resource.kind()),
-            "apiVersion": resource.api_version(),
-            "metadata": metadata,
-            "items": items,
-        }),
-    ))
+    let list = json!({
+        "kind": format!("{}List", resource.kind()),
+        "apiVersion": resource.api_version(),
+        "metadata": metadata,
+        "items": items,
+    });
+    Ok(respond(format, 200, Payload::List(resource, &list), &[]))
 }
 
 fn encode_continue(rv: u64, namespace: &str, name: &str) -> String {
@@ -488,30 +484,22 @@ impl Drop for OpenWatch {
     }
 }
 
-fn event_line(kind: &str, object: &Value) -> Bytes {
-    let mut line = json!({"type": kind, "object": object}).to_string();
-    line.push('\n');
-    Bytes::from(line)
-}
-
-fn bookmark(resource: Resource, rv: u64, initial_events_end: bool) -> Bytes {
+fn bookmark(resource: Resource, rv: u64, initial_events_end: bool) -> Value {
     let mut metadata = json!({"resourceVersion": rv.to_string()});
     if initial_events_end {
         metadata["annotations"] = json!({"k8s.io/initial-events-end": "true"});
     }
-    event_line(
-        "BOOKMARK",
-        &json!({
-            "kind": resource.kind(),
-            "apiVersion": resource.api_version(),
-            "metadata": metadata,
-        }),
-    )
+    json!({
+        "kind": resource.kind(),
+        "apiVersion": resource.api_version(),
+        "metadata": metadata,
+    })
 }
 
 fn watch(
     shared: &Arc<Shared>,
     conn: CancellationToken,
+    format: Format,
     resource: Resource,
     filter: Filter,
     params: &HashMap<String, String>,
@@ -535,13 +523,18 @@ fn watch(
     match shared.store().watch(resource, from) {
         // As the apiserver does: a 200 whose one event is the 410 Status.
         Err(expired) => {
-            tx.try_send(event_line("ERROR", &expired.to_status()))
+            let event = proto::watch_event(format, "ERROR", Payload::Status(&expired.to_status()))?;
+            tx.try_send(event)
                 .expect("a fresh channel has room for one event");
         }
         Ok(start) => {
             shared.open_watches.fetch_add(1, Ordering::SeqCst);
+            if format == Format::Protobuf {
+                shared.protobuf_watches.fetch_add(1, Ordering::SeqCst);
+            }
             let stream = WatchStream {
                 tx,
+                format,
                 resource,
                 filter,
                 seen: start.rv,
@@ -560,7 +553,7 @@ fn watch(
     }));
     Ok(Response::builder()
         .status(200)
-        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::CONTENT_TYPE, format.watch_content_type())
         .body(body.boxed_unsync())
         .expect("static headers are valid"))
 }
@@ -569,6 +562,7 @@ fn watch(
 /// until the client leaves, the timeout passes, or the connection is killed.
 struct WatchStream {
     tx: mpsc::Sender<Bytes>,
+    format: Format,
     resource: Resource,
     filter: Filter,
     /// The highest version this watch has passed, sent or not: what a
@@ -584,25 +578,32 @@ struct WatchStream {
 }
 
 impl WatchStream {
+    /// Frames one event; `None` if it cannot be encoded (never for what the
+    /// store holds), which ends the stream.
+    fn frame(&self, kind: &str, object: &Value) -> Option<Bytes> {
+        proto::watch_event(self.format, kind, Payload::Object(self.resource, object)).ok()
+    }
+
+    async fn send(&self, kind: &str, object: &Value) -> bool {
+        match self.frame(kind, object) {
+            Some(frame) => self.tx.send(frame).await.is_ok(),
+            None => false,
+        }
+    }
+
     async fn run(mut self, start: WatchStart) {
         for event in &start.backlog {
             self.seen = self.seen.max(event.rv);
             if self.filter.matches(&event.object)
-                && self
-                    .tx
-                    .send(event_line(event.kind.as_str(), &event.object))
-                    .await
-                    .is_err()
+                && !self.send(event.kind.as_str(), &event.object).await
             {
                 return;
             }
         }
         if self.send_initial
-            && self
-                .tx
-                .send(bookmark(self.resource, self.seen, true))
+            && !self
+                .send("BOOKMARK", &bookmark(self.resource, self.seen, true))
                 .await
-                .is_err()
         {
             return;
         }
@@ -624,7 +625,9 @@ impl WatchStream {
                 }
                 () = &mut deadline => return,
                 () = self.tx.closed() => return,
-                _ = ticks.tick(), if self.bookmark_every.is_some() => bookmark(self.resource, self.seen, false),
+                _ = ticks.tick(), if self.bookmark_every.is_some() => {
+                    self.frame("BOOKMARK", &bookmark(self.resource, self.seen, false))
+                }
                 event = live.recv() => match event {
                     Ok(event) => {
                         if event.rv <= self.seen {
@@ -634,7 +637,7 @@ impl WatchStream {
                         if event.resource != self.resource || !self.filter.matches(&event.object) {
                             continue;
                         }
-                        event_line(event.kind.as_str(), &event.object)
+                        self.frame(event.kind.as_str(), &event.object)
                     }
                     // Fell behind, or the server is going away: end the
                     // stream and let the client re-watch, as the apiserver
@@ -642,6 +645,7 @@ impl WatchStream {
                     Err(_) => return,
                 },
             };
+            let Some(chunk) = chunk else { return };
             if self.tx.send(chunk).await.is_err() {
                 return;
             }

@@ -72,6 +72,8 @@ async fn handle(server: ApiServer, req: Request<Incoming>) -> Response<Full<Byte
                     "openConnections": stats.open_connections,
                     "connectionsAccepted": stats.connections_accepted,
                     "openWatches": stats.open_watches,
+                    "protobufRequests": stats.protobuf_requests,
+                    "protobufWatches": stats.protobuf_watches,
                     "resourceVersion": stats.resource_version,
                 })
                 .to_string(),

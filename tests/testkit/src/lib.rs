@@ -1,18 +1,22 @@
 //! A simulated Kubernetes apiserver for tether's tests and `tether demo`.
 //!
 //! It speaks the real protocol over real sockets, faithfully enough that the
-//! real `kubectl` and kube-rs watchers work against it:
+//! real `kubectl`, the Python `kubernetes` client and kube-rs work against
+//! it (`docs/testkit.md` has the full table):
 //!
 //! - health and discovery: `/readyz`, `/livez`, `/healthz` (with
-//!   `?verbose`), `/version`, `/api`, `/api/v1`, `/apis`,
-//!   `/apis/coordination.k8s.io/v1`;
-//! - Namespaces (seeded, read-only), ConfigMaps and Leases from an in-memory
-//!   store with a monotonically increasing `resourceVersion`: get, list
-//!   (with `limit`, `continue`, `labelSelector` and
-//!   `fieldSelector=metadata.name=`), watch (with `resourceVersion`,
-//!   `allowWatchBookmarks`, `timeoutSeconds`, `sendInitialEvents`, and a 410
-//!   `Expired` for a version older than the history), and create, update and
-//!   delete of ConfigMaps and Leases;
+//!   `?verbose`), `/version`, `/api`, `/api/v1`, `/apis`, each group;
+//! - Namespaces (seeded, read-only), ConfigMaps, Events (`v1` and
+//!   `events.k8s.io/v1`) and Leases from an in-memory store with a
+//!   monotonically increasing `resourceVersion`: get, list (with `limit`,
+//!   `continue`, `labelSelector` and `fieldSelector=metadata.name=`), watch
+//!   (with `resourceVersion`, `allowWatchBookmarks`, `timeoutSeconds`,
+//!   `sendInitialEvents`, and a 410 `Expired` for a version older than the
+//!   history), create, update (with optimistic concurrency), JSON, merge
+//!   and strategic patches, server-side apply with `managedFields` and
+//!   conflicts, `dryRun`, and delete with preconditions;
+//! - JSON and protobuf (Kubernetes' envelope, and its watch framing), with
+//!   every object checked against its kind's `k8s-pb` message;
 //! - errors as `Status` objects; HTTP or HTTPS with a CA of its own;
 //!   optional bearer tokens.
 //!
@@ -43,14 +47,19 @@ mod control;
 mod fault;
 mod hostile;
 mod kubeconfig;
+mod managed;
 mod netns;
+mod patch;
 pub mod procfs;
+mod proto;
 mod resource;
 mod selector;
 mod server;
 mod status;
 mod store;
 mod tls;
+mod wire;
+mod write;
 
 pub use crate::control::serve_control;
 pub use crate::fault::{Fault, parse_duration};

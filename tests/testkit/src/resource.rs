@@ -9,19 +9,32 @@ pub enum Resource {
     Namespace,
     /// `v1` `ConfigMap`.
     ConfigMap,
+    /// `v1` `Event`, which client-go's event recorder writes.
+    CoreEvent,
+    /// `events.k8s.io/v1` `Event`, which newer recorders write. The kit
+    /// stores it apart from [`Resource::CoreEvent`]; the apiserver serves
+    /// both from one store.
+    Event,
     /// `coordination.k8s.io/v1` `Lease`.
     Lease,
 }
 
 impl Resource {
     /// Every resource, for discovery.
-    pub const ALL: [Self; 3] = [Self::Namespace, Self::ConfigMap, Self::Lease];
+    pub const ALL: [Self; 5] = [
+        Self::Namespace,
+        Self::ConfigMap,
+        Self::CoreEvent,
+        Self::Event,
+        Self::Lease,
+    ];
 
     /// The API group; empty for the core group.
     #[must_use]
     pub const fn group(self) -> &'static str {
         match self {
-            Self::Namespace | Self::ConfigMap => "",
+            Self::Namespace | Self::ConfigMap | Self::CoreEvent => "",
+            Self::Event => "events.k8s.io",
             Self::Lease => "coordination.k8s.io",
         }
     }
@@ -30,7 +43,8 @@ impl Resource {
     #[must_use]
     pub const fn api_version(self) -> &'static str {
         match self {
-            Self::Namespace | Self::ConfigMap => "v1",
+            Self::Namespace | Self::ConfigMap | Self::CoreEvent => "v1",
+            Self::Event => "events.k8s.io/v1",
             Self::Lease => "coordination.k8s.io/v1",
         }
     }
@@ -41,6 +55,7 @@ impl Resource {
         match self {
             Self::Namespace => "Namespace",
             Self::ConfigMap => "ConfigMap",
+            Self::CoreEvent | Self::Event => "Event",
             Self::Lease => "Lease",
         }
     }
@@ -51,7 +66,18 @@ impl Resource {
         match self {
             Self::Namespace => "namespaces",
             Self::ConfigMap => "configmaps",
+            Self::CoreEvent | Self::Event => "events",
             Self::Lease => "leases",
+        }
+    }
+
+    /// The plural with its group, as errors name it: `leases.coordination.k8s.io`.
+    #[must_use]
+    pub fn qualified_plural(self) -> String {
+        if self.group().is_empty() {
+            self.plural().to_owned()
+        } else {
+            format!("{}.{}", self.plural(), self.group())
         }
     }
 
@@ -61,7 +87,7 @@ impl Resource {
         !matches!(self, Self::Namespace)
     }
 
-    /// Whether the API accepts create, update and delete.
+    /// Whether the API accepts create, update, patch and delete.
     #[must_use]
     pub const fn writable(self) -> bool {
         self.namespaced()
@@ -77,13 +103,16 @@ impl Resource {
         match self {
             Self::Namespace => &["ns"],
             Self::ConfigMap => &["cm"],
+            Self::CoreEvent | Self::Event => &["ev"],
             Self::Lease => &[],
         }
     }
 
     fn verbs(self) -> &'static [&'static str] {
         if self.writable() {
-            &["create", "delete", "get", "list", "update", "watch"]
+            &[
+                "create", "delete", "get", "list", "patch", "update", "watch",
+            ]
         } else {
             &["get", "list", "watch"]
         }
@@ -99,31 +128,43 @@ pub(crate) fn api_versions() -> Value {
     })
 }
 
+/// The named groups, in discovery order.
+fn groups() -> Vec<&'static str> {
+    let mut groups: Vec<&str> = Resource::ALL
+        .into_iter()
+        .map(Resource::group)
+        .filter(|g| !g.is_empty())
+        .collect();
+    groups.dedup();
+    groups
+}
+
+fn group_body(group: &str) -> Value {
+    let version = json!({"groupVersion": format!("{group}/v1"), "version": "v1"});
+    json!({
+        "name": group,
+        "versions": [version],
+        "preferredVersion": version,
+    })
+}
+
 /// The body of `/apis`.
 pub(crate) fn api_group_list() -> Value {
-    let version = json!({"groupVersion": "coordination.k8s.io/v1", "version": "v1"});
+    let groups: Vec<Value> = groups().into_iter().map(group_body).collect();
     json!({
         "kind": "APIGroupList",
         "apiVersion": "v1",
-        "groups": [{
-            "name": "coordination.k8s.io",
-            "versions": [version],
-            "preferredVersion": version,
-        }],
+        "groups": groups,
     })
 }
 
 /// The body of `/apis/<group>`, if the group exists.
 pub(crate) fn api_group(group: &str) -> Option<Value> {
-    (group == "coordination.k8s.io").then(|| {
-        let version = json!({"groupVersion": "coordination.k8s.io/v1", "version": "v1"});
-        json!({
-            "kind": "APIGroup",
-            "apiVersion": "v1",
-            "name": group,
-            "versions": [version],
-            "preferredVersion": version,
-        })
+    groups().contains(&group).then(|| {
+        let mut body = group_body(group);
+        body["kind"] = Value::from("APIGroup");
+        body["apiVersion"] = Value::from("v1");
+        body
     })
 }
 
@@ -246,7 +287,9 @@ mod tests {
             .iter()
             .map(|r| r["name"].as_str().expect("name is a string"))
             .collect();
-        assert_eq!(names, ["namespaces", "configmaps"]);
+        assert_eq!(names, ["namespaces", "configmaps", "events"]);
+        let groups = api_group_list();
+        assert_eq!(groups["groups"].as_array().map(Vec::len), Some(2));
         assert!(api_resource_list("", "v2").is_none());
     }
 }

@@ -146,6 +146,10 @@ pub struct Stats {
     pub connections_accepted: u64,
     /// Watch streams open now.
     pub open_watches: usize,
+    /// Requests that sent or asked for protobuf.
+    pub protobuf_requests: u64,
+    /// Watch streams served in protobuf framing.
+    pub protobuf_watches: u64,
     /// The store's current resource version.
     pub resource_version: u64,
 }
@@ -173,6 +177,8 @@ pub(crate) struct Shared {
     open_connections: AtomicUsize,
     connections_accepted: AtomicU64,
     pub(crate) open_watches: AtomicUsize,
+    pub(crate) protobuf_requests: AtomicU64,
+    pub(crate) protobuf_watches: AtomicU64,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -317,6 +323,8 @@ impl ApiServer {
             open_connections: AtomicUsize::new(0),
             connections_accepted: AtomicU64::new(0),
             open_watches: AtomicUsize::new(0),
+            protobuf_requests: AtomicU64::new(0),
+            protobuf_watches: AtomicU64::new(0),
             options,
         });
         shared.state().acceptor = Some(tokio::spawn(accept_loop(Arc::clone(&shared), listener)));
@@ -477,11 +485,13 @@ impl ApiServer {
     }
 
     /// Creates or replaces an object, as an API client would, and returns it
-    /// as stored.
+    /// as stored. The object passes through its kind's schema, as a
+    /// client's would: unknown fields are dropped.
     ///
     /// # Errors
     ///
-    /// [`Error::Api`] if the store rejects it (a missing name or namespace).
+    /// [`Error::Api`] if the store rejects it (a missing name or namespace,
+    /// a field of the wrong type).
     pub fn put(
         &self,
         resource: Resource,
@@ -497,18 +507,18 @@ impl ApiServer {
                 "namespace {namespace:?} does not exist"
             )));
         }
-        let kind = if self.shared.store.get(resource, namespace, &name).is_some() {
-            crate::store::EventType::Modified
-        } else {
-            crate::store::EventType::Added
-        };
         let mut object = object;
         if let Some(metadata) = object["metadata"].as_object_mut() {
             metadata.remove("resourceVersion");
         }
+        let object = crate::proto::admit(resource, &object)
+            .map_err(|e| Error::Api(e.message))?
+            .object;
         self.shared
             .store
-            .write(resource, namespace, &name, object, kind)
+            .commit(resource, namespace, &name, false, |_| {
+                Ok(crate::store::Change::Put(object))
+            })
             .map_err(|e| Error::Api(e.message))
     }
 
@@ -535,6 +545,8 @@ impl ApiServer {
             open_connections: self.shared.open_connections.load(Ordering::SeqCst),
             connections_accepted: self.shared.connections_accepted.load(Ordering::SeqCst),
             open_watches: self.shared.open_watches.load(Ordering::SeqCst),
+            protobuf_requests: self.shared.protobuf_requests.load(Ordering::SeqCst),
+            protobuf_watches: self.shared.protobuf_watches.load(Ordering::SeqCst),
             resource_version: self.shared.store.rv(),
         }
     }

@@ -14,7 +14,6 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
@@ -68,6 +67,33 @@ struct Inner {
     history: VecDeque<Arc<Event>>,
 }
 
+/// What a write does to the object it addresses.
+#[derive(Debug)]
+pub(crate) enum Change {
+    /// Create or replace it with this.
+    Put(Value),
+    /// Delete it.
+    Delete,
+}
+
+/// Sets what the store owns in an object's identity: its type, name and
+/// namespace.
+fn stamp(object: &mut Value, resource: Resource, namespace: &str, name: &str) {
+    if !object.is_object() {
+        *object = json!({});
+    }
+    if !object["metadata"].is_object() {
+        object["metadata"] = json!({});
+    }
+    object["apiVersion"] = Value::from(resource.api_version());
+    object["kind"] = Value::from(resource.kind());
+    let metadata = &mut object["metadata"];
+    metadata["name"] = Value::from(name);
+    if resource.namespaced() {
+        metadata["namespace"] = Value::from(namespace);
+    }
+}
+
 /// Where a new watch starts.
 pub(crate) struct WatchStart {
     /// Events after the requested version, or the current objects as
@@ -85,28 +111,11 @@ pub(crate) struct Store {
     events: broadcast::Sender<Arc<Event>>,
 }
 
-fn now_rfc3339() -> String {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let days = i64::try_from(secs / 86_400).unwrap_or(0);
-    let rem = secs % 86_400;
-    // Howard Hinnant's days-to-civil algorithm.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+/// Now, as the apiserver writes `metav1.Time`.
+pub(crate) fn now_rfc3339() -> String {
+    jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
 }
 
 impl Store {
@@ -194,83 +203,91 @@ impl Store {
         self.get(Resource::Namespace, "", namespace).is_some()
     }
 
-    /// Creates, updates or deletes one object and records the event.
+    /// Creates, updates or deletes one object, as `decide` says given the
+    /// object as it is now, and records the event. `decide` runs under the
+    /// store's lock, so a read-modify-write (a PATCH, an apply) is atomic,
+    /// as the apiserver's retrying `GuaranteedUpdate` makes it.
     ///
-    /// For `Added` the object must not exist; for `Modified` and `Deleted` it
-    /// must, and a `metadata.resourceVersion` in `object` must match.
-    pub(crate) fn write(
+    /// - [`Change::Put`] of a new name creates it: a `resourceVersion` in
+    ///   the body is an error, as in the apiserver.
+    /// - [`Change::Put`] over an existing object updates it. A
+    ///   `metadata.resourceVersion` in the body must match the stored one
+    ///   (optimistic concurrency). An update that changes nothing is not
+    ///   written: no new version, no event.
+    /// - With `dry_run`, everything is checked and the result returned, but
+    ///   nothing is stored.
+    pub(crate) fn commit(
         &self,
         resource: Resource,
         namespace: &str,
         name: &str,
-        mut object: Value,
-        kind: EventType,
+        dry_run: bool,
+        decide: impl FnOnce(Option<&Value>) -> Result<Change, ApiError>,
     ) -> Result<Value, ApiError> {
         let key = (resource, namespace.to_owned(), name.to_owned());
         let mut inner = self.lock();
-        let existing = inner.objects.get(&key).cloned();
-        match (kind, &existing) {
-            (EventType::Added, Some(_)) => {
-                return Err(ApiError::new(
-                    409,
-                    "AlreadyExists",
-                    format!("{} \"{name}\" already exists", resource.plural()),
-                ));
+        let existing = inner.objects.get(&key);
+        let change = decide(existing)?;
+        let (kind, mut object) = match (change, existing) {
+            (Change::Delete, Some(current)) => (EventType::Deleted, current.clone()),
+            (Change::Delete, None) => return Err(ApiError::not_found(resource, name)),
+            (Change::Put(mut object), None) => {
+                if object["metadata"]["resourceVersion"]
+                    .as_str()
+                    .is_some_and(|rv| !rv.is_empty())
+                {
+                    return Err(ApiError::new(
+                        500,
+                        "InternalError",
+                        "resourceVersion should not be set on objects to be created",
+                    ));
+                }
+                let uid = format!("{:08x}-0000-4000-8000-{:012x}", inner.epoch, inner.uids + 1);
+                stamp(&mut object, resource, namespace, name);
+                object["metadata"]["uid"] = Value::from(uid);
+                object["metadata"]["creationTimestamp"] = Value::from(now_rfc3339());
+                (EventType::Added, object)
             }
-            (EventType::Modified | EventType::Deleted, None) => {
-                return Err(ApiError::not_found(resource.plural(), name));
-            }
-            (EventType::Modified, Some(current)) => {
+            (Change::Put(mut object), Some(current)) => {
                 let wanted = object["metadata"]["resourceVersion"].as_str().unwrap_or("");
                 let have = current["metadata"]["resourceVersion"]
                     .as_str()
                     .unwrap_or("");
                 if !wanted.is_empty() && wanted != have {
-                    return Err(ApiError::new(
-                        409,
-                        "Conflict",
-                        format!(
-                            "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
-                            resource.plural()
-                        ),
+                    return Err(ApiError::conflict(
+                        resource,
+                        name,
+                        "the object has been modified; please apply your changes to the latest version and try again",
                     ));
                 }
+                stamp(&mut object, resource, namespace, name);
+                let metadata = &mut object["metadata"];
+                metadata["uid"] = current["metadata"]["uid"].clone();
+                metadata["creationTimestamp"] = current["metadata"]["creationTimestamp"].clone();
+                metadata["resourceVersion"] = Value::from(have);
+                if object == *current {
+                    return Ok(object);
+                }
+                (EventType::Modified, object)
             }
-            _ => {}
+        };
+        if dry_run {
+            if let (EventType::Added, Some(metadata)) = (kind, object["metadata"].as_object_mut()) {
+                metadata.remove("resourceVersion");
+            }
+            return Ok(object);
+        }
+        if kind == EventType::Added {
+            inner.uids += 1;
         }
         inner.rv += 1;
         let rv = inner.rv;
-        if kind == EventType::Deleted {
-            object = existing.expect("checked above: a deleted object exists");
-            inner.objects.remove(&key);
-        } else {
-            let (uid, created) = if let Some(current) = &existing {
-                (
-                    current["metadata"]["uid"].clone(),
-                    current["metadata"]["creationTimestamp"].clone(),
-                )
-            } else {
-                inner.uids += 1;
-                let uid = format!("{:08x}-0000-4000-8000-{:012x}", inner.epoch, inner.uids);
-                (Value::from(uid), Value::from(now_rfc3339()))
-            };
-            if !object["metadata"].is_object() {
-                object["metadata"] = json!({});
-            }
-            object["apiVersion"] = Value::from(resource.api_version());
-            object["kind"] = Value::from(resource.kind());
-            let metadata = &mut object["metadata"];
-            metadata["name"] = Value::from(name);
-            if resource.namespaced() {
-                metadata["namespace"] = Value::from(namespace);
-            }
-            metadata["uid"] = uid;
-            metadata["creationTimestamp"] = created;
-        }
         // A deleted object's last version is the deletion's, as in the
         // apiserver.
         object["metadata"]["resourceVersion"] = Value::from(rv.to_string());
-        if kind != EventType::Deleted {
+        if kind == EventType::Deleted {
+            inner.objects.remove(&key);
+        } else {
             inner.objects.insert(key, object.clone());
         }
         let event = Arc::new(Event {
@@ -287,6 +304,28 @@ impl Store {
         // Nobody watching is fine.
         let _ = self.events.send(event);
         Ok(object)
+    }
+
+    /// Creates (`Added`), updates (`Modified`) or deletes (`Deleted`) one
+    /// object, for the kit's own seeding and for tests: a create of an
+    /// existing name is `409 AlreadyExists`, and an update or delete of a
+    /// missing one `404`.
+    pub(crate) fn write(
+        &self,
+        resource: Resource,
+        namespace: &str,
+        name: &str,
+        object: Value,
+        kind: EventType,
+    ) -> Result<Value, ApiError> {
+        self.commit(resource, namespace, name, false, |existing| {
+            match (kind, existing) {
+                (EventType::Added, Some(_)) => Err(ApiError::already_exists(resource, name)),
+                (EventType::Modified, None) => Err(ApiError::not_found(resource, name)),
+                (EventType::Deleted, _) => Ok(Change::Delete),
+                _ => Ok(Change::Put(object)),
+            }
+        })
     }
 
     /// Starts a watch of `resource` after version `from`; with no version,
@@ -357,12 +396,24 @@ mod tests {
             (start + 1).to_string()
         );
         assert_eq!(created["kind"], "ConfigMap");
+        let unchanged = store
+            .write(
+                Resource::ConfigMap,
+                "default",
+                "a",
+                created.clone(),
+                EventType::Modified,
+            )
+            .expect("an update that changes nothing");
+        assert_eq!(unchanged, created, "a no-op update is not written");
+        let mut changed = created;
+        changed["data"]["k"] = json!("w");
         let updated = store
             .write(
                 Resource::ConfigMap,
                 "default",
                 "a",
-                created,
+                changed,
                 EventType::Modified,
             )
             .expect("update with the current version");
@@ -385,12 +436,14 @@ mod tests {
                 EventType::Added,
             )
             .expect("create");
+        let mut changed = created.clone();
+        changed["data"]["k"] = json!("w");
         store
             .write(
                 Resource::ConfigMap,
                 "default",
                 "a",
-                created.clone(),
+                changed,
                 EventType::Modified,
             )
             .expect("update");
