@@ -138,12 +138,16 @@ impl FakeApiserver {
             .unwrap_or_default()
     }
 
-    fn open_watches(&self) -> u64 {
+    fn stat(&self, name: &str) -> u64 {
         let stats: serde_json::Value =
             serde_json::from_str(&self.control_get("/stats")).expect("stats are JSON");
-        stats["openWatches"]
+        stats[name]
             .as_u64()
-            .expect("openWatches is a number")
+            .unwrap_or_else(|| panic!("{name} is a number in {stats}"))
+    }
+
+    fn open_watches(&self) -> u64 {
+        self.stat("openWatches")
     }
 }
 
@@ -276,6 +280,380 @@ fn kubectl_watch_receives_an_event_made_after_it_started() {
     server.run(&["create", "-f", manifest.to_str().expect("utf-8 path")]);
     wait_for_line(&lines, "configmap/made-after-watch");
 
+    let _ = watch.kill();
+    let _ = watch.wait();
+}
+
+impl FakeApiserver {
+    /// Runs kubectl, asserts it failed, and returns its error output.
+    fn fail(&self, args: &[&str]) -> String {
+        let out = self.kubectl(args).output().expect("kubectl runs");
+        assert!(
+            !out.status.success(),
+            "kubectl {args:?} succeeded: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    }
+
+    fn write_file(&self, name: &str, text: &str) -> String {
+        let path = self.dir.path().join(name);
+        std::fs::write(&path, text).expect("the file can be written");
+        path.to_str().expect("utf-8 path").to_owned()
+    }
+
+    fn resource_version(&self, object: &str) -> String {
+        self.run(&["get", object, "-o", "jsonpath={.metadata.resourceVersion}"])
+    }
+}
+
+/// Waits for `child` to exit, within [`STEP`].
+fn exits_within_step(child: &mut Child) -> std::process::ExitStatus {
+    let deadline = Instant::now() + STEP;
+    loop {
+        if let Some(status) = child.try_wait().expect("the child can be waited for") {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the child did not exit within {STEP:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+const SSA_MANIFEST: &str = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: ssa\n  namespace: default\ndata:\n  greeting: hello\n";
+
+#[test]
+fn kubectl_creates_a_configmap_from_literals_and_a_second_create_already_exists() {
+    let server = FakeApiserver::start("literal");
+    let before = server.stat("protobufRequests");
+    let created = server.run(&[
+        "create",
+        "configmap",
+        "demo",
+        "-n",
+        "default",
+        "--from-literal=a=b",
+    ]);
+    assert_eq!(created.trim(), "configmap/demo created");
+    assert!(
+        server.stat("protobufRequests") > before,
+        "kubectl's typed client sends the create as protobuf"
+    );
+    assert_eq!(
+        server.run(&["get", "cm", "demo", "-o", "jsonpath={.data.a}"]),
+        "b"
+    );
+    let managers = server.run(&[
+        "get",
+        "cm",
+        "demo",
+        "--show-managed-fields",
+        "-o",
+        "jsonpath={.metadata.managedFields[*].manager}/{.metadata.managedFields[*].operation}",
+    ]);
+    assert_eq!(managers, "kubectl-create/Update");
+
+    let stderr = server.fail(&[
+        "create",
+        "configmap",
+        "demo",
+        "-n",
+        "default",
+        "--from-literal=a=b",
+    ]);
+    assert!(
+        stderr.contains("configmaps \"demo\" already exists"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn kubectl_apply_twice_changes_nothing_the_second_time_client_side_and_server_side() {
+    let server = FakeApiserver::start("apply");
+    let manifest = write_manifest(server.dir.path(), "applied");
+    let manifest = manifest.to_str().expect("utf-8 path");
+    assert_eq!(
+        server.run(&["apply", "-f", manifest]).trim(),
+        "configmap/applied created"
+    );
+    let version = server.resource_version("cm/applied");
+    assert_eq!(
+        server.run(&["apply", "-f", manifest]).trim(),
+        "configmap/applied unchanged"
+    );
+    assert_eq!(server.resource_version("cm/applied"), version);
+
+    let ssa = server.write_file("ssa.yaml", SSA_MANIFEST);
+    let mut versions = Vec::new();
+    for _ in 0..2 {
+        let out = server.run(&["apply", "--server-side", "-f", &ssa]);
+        assert_eq!(out.trim(), "configmap/ssa serverside-applied");
+        versions.push(server.resource_version("cm/ssa"));
+    }
+    assert_eq!(
+        versions[0], versions[1],
+        "the second server-side apply wrote nothing"
+    );
+    let managers = server.run(&[
+        "get",
+        "cm",
+        "ssa",
+        "--show-managed-fields",
+        "-o",
+        "jsonpath={.metadata.managedFields[0].manager}/{.metadata.managedFields[0].operation}",
+    ]);
+    assert_eq!(managers, "kubectl/Apply");
+}
+
+#[test]
+fn kubectl_server_side_apply_over_another_managers_field_conflicts_until_forced() {
+    let server = FakeApiserver::start("conflict");
+    let ssa = server.write_file("ssa.yaml", SSA_MANIFEST);
+    server.run(&["apply", "--server-side", "-f", &ssa]);
+    server.run(&[
+        "patch",
+        "cm",
+        "ssa",
+        "-p",
+        r#"{"data":{"greeting":"changed"}}"#,
+    ]);
+
+    let stderr = server.fail(&["apply", "--server-side", "-f", &ssa]);
+    assert!(
+        stderr.contains(r#"Apply failed with 1 conflict: conflict with "kubectl-patch" using v1: .data.greeting"#),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("--force-conflicts"),
+        "kubectl explains the way out: {stderr}"
+    );
+    assert_eq!(
+        server.run(&["get", "cm", "ssa", "-o", "jsonpath={.data.greeting}"]),
+        "changed"
+    );
+
+    server.run(&["apply", "--server-side", "--force-conflicts", "-f", &ssa]);
+    assert_eq!(
+        server.run(&["get", "cm", "ssa", "-o", "jsonpath={.data.greeting}"]),
+        "hello"
+    );
+}
+
+#[test]
+fn kubectl_patches_labels_and_annotates() {
+    let server = FakeApiserver::start("patch");
+    server.run(&[
+        "create",
+        "configmap",
+        "p",
+        "--from-literal=a=1",
+        "--from-literal=gone=x",
+    ]);
+    server.run(&[
+        "patch",
+        "cm",
+        "p",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"data":{"m":"2","gone":null}}"#,
+    ]);
+    server.run(&[
+        "patch",
+        "cm",
+        "p",
+        "--type",
+        "json",
+        "-p",
+        r#"[{"op":"replace","path":"/data/a","value":"3"}]"#,
+    ]);
+    server.run(&["patch", "cm", "p", "-p", r#"{"data":{"s":"4"}}"#]);
+    assert_eq!(
+        server.run(&["get", "cm", "p", "-o", "jsonpath={.data}"]),
+        r#"{"a":"3","m":"2","s":"4"}"#
+    );
+    let failed = server.fail(&[
+        "patch",
+        "cm",
+        "p",
+        "--type",
+        "json",
+        "-p",
+        r#"[{"op":"test","path":"/data/a","value":"no"}]"#,
+    ]);
+    assert!(
+        failed.contains("invalid") || failed.contains("Invalid"),
+        "{failed}"
+    );
+
+    server.run(&["label", "cm", "p", "tier=web"]);
+    server.run(&["annotate", "cm", "p", "note=hi"]);
+    assert_eq!(
+        server.run(&[
+            "get",
+            "cm",
+            "-l",
+            "tier=web",
+            "-o",
+            "jsonpath={.items[*].metadata.annotations.note}"
+        ]),
+        "hi"
+    );
+    let stderr = server.fail(&["label", "cm", "p", "tier=db"]);
+    assert!(stderr.contains("--overwrite"), "{stderr}");
+}
+
+#[test]
+fn kubectl_get_watch_json_and_wait_for_delete_see_the_changes() {
+    let server = FakeApiserver::start("wait");
+    server.run(&["create", "configmap", "w", "--from-literal=a=1"]);
+    let mut watch = server
+        .kubectl(&["get", "cm", "w", "-o", "json", "-w"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("kubectl watch starts");
+    let lines = line_reader(watch.stdout.take().expect("stdout is piped"));
+    wait_for_line(&lines, r#""name": "w""#);
+    let deadline = Instant::now() + STEP;
+    while server.open_watches() == 0 {
+        assert!(Instant::now() < deadline, "kubectl never opened its watch");
+        std::thread::yield_now();
+    }
+    server.run(&["label", "cm", "w", "seen=yes"]);
+    wait_for_line(&lines, r#""seen": "yes""#);
+
+    let mut wait = server
+        .kubectl(&["wait", "--for=delete", "cm/w", "--timeout=25s"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("kubectl wait starts");
+    let deadline = Instant::now() + STEP;
+    while server.open_watches() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "kubectl wait never opened its watch"
+        );
+        std::thread::yield_now();
+    }
+    assert_eq!(
+        server.run(&["delete", "cm", "w"]).trim(),
+        r#"configmap "w" deleted"#
+    );
+    assert!(
+        exits_within_step(&mut wait).success(),
+        "kubectl wait saw the delete"
+    );
+    let mut said = String::new();
+    wait.stdout
+        .take()
+        .expect("stdout is piped")
+        .read_to_string(&mut said)
+        .expect("read");
+    assert_eq!(said.trim(), "configmap/w condition met");
+
+    let _ = watch.kill();
+    let _ = watch.wait();
+}
+
+#[test]
+fn kubectl_creates_a_lease_from_yaml_and_reads_it_back() {
+    let server = FakeApiserver::start("lease");
+    let lease = server.write_file(
+        "lease.yaml",
+        "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata:\n  name: tether\n  namespace: default\n\
+         spec:\n  holderIdentity: pod-a\n  leaseDurationSeconds: 15\n  acquireTime: \"2026-11-30T10:00:00.000000Z\"\n\
+         \x20 renewTime: \"2026-11-30T10:00:05.123456Z\"\n  leaseTransitions: 0\n",
+    );
+    assert_eq!(
+        server.run(&["create", "-f", &lease]).trim(),
+        "lease.coordination.k8s.io/tether created"
+    );
+    let yaml = server.run(&["get", "lease", "tether", "-o", "yaml"]);
+    for line in [
+        "holderIdentity: pod-a",
+        "leaseDurationSeconds: 15",
+        "leaseTransitions: 0",
+        "acquireTime: \"2026-11-30T10:00:00.000000Z\"",
+        "renewTime: \"2026-11-30T10:00:05.123456Z\"",
+    ] {
+        assert!(yaml.contains(line), "{line:?} missing from:\n{yaml}");
+    }
+    let stderr = server.fail(&["create", "-f", &lease]);
+    assert!(stderr.contains("already exists"), "{stderr}");
+
+    // kubectl asks for strict field validation: an unknown field, or one of
+    // the wrong type, is refused by name.
+    let bad = |name: &str, field: &str| {
+        server.write_file(
+            &format!("{name}.yaml"),
+            &format!(
+                "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata:\n  name: {name}\nspec:\n  {field}\n"
+            ),
+        )
+    };
+    let stderr = server.fail(&["create", "-f", &bad("unknown", "holderIdentityy: pod-a")]);
+    assert!(
+        stderr.contains(r#"strict decoding error: unknown field "spec.holderIdentityy""#),
+        "{stderr}"
+    );
+    let stderr = server.fail(&[
+        "create",
+        "-f",
+        &bad("mistyped", "leaseDurationSeconds: \"15\""),
+    ]);
+    assert!(
+        stderr.contains("spec.leaseDurationSeconds: cannot unmarshal string"),
+        "{stderr}"
+    );
+    let leases = server.run(&["get", "leases", "-o", "name"]);
+    assert_eq!(
+        leases.trim(),
+        "lease.coordination.k8s.io/tether",
+        "nothing half-made"
+    );
+}
+
+#[test]
+fn kubectl_events_lists_and_watches_over_protobuf() {
+    let server = FakeApiserver::start("events");
+    let event = |name: &str, message: &str| {
+        server.write_file(
+            &format!("{name}.yaml"),
+            &format!(
+                "apiVersion: v1\nkind: Event\nmetadata:\n  name: {name}\n  namespace: default\n\
+                 involvedObject:\n  kind: ConfigMap\n  name: seed-00000\n  namespace: default\n\
+                 reason: Tested\nmessage: {message}\ntype: Normal\ncount: 1\n\
+                 firstTimestamp: \"2026-11-30T10:00:00Z\"\nlastTimestamp: \"2026-11-30T10:00:00Z\"\n"
+            ),
+        )
+    };
+    server.run(&["create", "-f", &event("e1", "first")]);
+    let mut watch = server
+        .kubectl(&["events", "-n", "default", "--watch"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("kubectl events starts");
+    let lines = line_reader(watch.stdout.take().expect("stdout is piped"));
+    wait_for_line(&lines, "first");
+    let deadline = Instant::now() + STEP;
+    while server.stat("protobufWatches") == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "kubectl events never opened a protobuf watch"
+        );
+        std::thread::yield_now();
+    }
+    server.run(&["create", "-f", &event("e2", "second")]);
+    let seen = wait_for_line(&lines, "second");
+    assert!(
+        seen.iter()
+            .any(|l| l.contains("Tested") && l.contains("ConfigMap/seed-00000")),
+        "{seen:?}"
+    );
     let _ = watch.kill();
     let _ = watch.wait();
 }
