@@ -2,22 +2,15 @@
 //! and merge patches, `dryRun`, delete preconditions, and a Lease update race
 //! that exactly one client wins.
 
+mod common;
+
+use common::client_for;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client};
 use serde_json::json;
 use tether_testkit::{ApiServer, Options};
-
-async fn client_for(server: &ApiServer) -> Client {
-    let kubeconfig =
-        Kubeconfig::from_yaml(&server.kubeconfig().to_yaml()).expect("valid kubeconfig");
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .expect("kubeconfig resolves");
-    Client::try_from(config).expect("client builds")
-}
 
 async fn start() -> (ApiServer, Client) {
     let server = ApiServer::start(Options::default().tls(true).token("kube-rs"))

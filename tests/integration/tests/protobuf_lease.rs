@@ -2,14 +2,16 @@
 //! does (its clientset speaks protobuf for built-in kinds): create, update
 //! with optimistic concurrency, release, and a protobuf watch stream.
 
+mod common;
+
 use std::time::Duration;
 
+use common::client_for;
 use http_body_util::BodyExt as _;
 use k8s_pb::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_pb::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Status, WatchEvent};
 use k8s_pb::apimachinery::pkg::runtime::{TypeMeta, Unknown};
 use kube::Client;
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use prost::Message as _;
 use tether_testkit::{ApiServer, Options};
 use tokio::time::timeout;
@@ -17,15 +19,6 @@ use tokio::time::timeout;
 const PROTOBUF: &str = "application/vnd.kubernetes.protobuf";
 const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/default/leases";
 const DEADLINE: Duration = Duration::from_secs(10);
-
-async fn client_for(server: &ApiServer) -> Client {
-    let kubeconfig =
-        Kubeconfig::from_yaml(&server.kubeconfig().to_yaml()).expect("valid kubeconfig");
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .expect("kubeconfig resolves");
-    Client::try_from(config).expect("client builds")
-}
 
 /// A Lease in Kubernetes' protobuf envelope, as client-go sends it.
 fn enveloped(kind: &str, api_version: &str, raw: Vec<u8>) -> Vec<u8> {

@@ -2,13 +2,15 @@
 //! kube-rs client, watcher and reflector against it, and each fault giving
 //! the client-side error class the real failure gives.
 
+mod common;
+
 use std::error::Error as StdError;
 use std::io;
 use std::time::Duration;
 
+use common::{client_for, config_for};
 use futures_util::StreamExt as _;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::{WatchStreamExt as _, reflector, watcher};
 use kube::{Api, Client};
 use serde_json::json;
@@ -20,18 +22,6 @@ use tokio::time::timeout;
 const DEADLINE: Duration = Duration::from_secs(30);
 /// The probe-style client's own deadline.
 const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
-
-async fn config_for(server: &ApiServer) -> kube::Config {
-    let kubeconfig =
-        Kubeconfig::from_yaml(&server.kubeconfig().to_yaml()).expect("valid kubeconfig");
-    kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .expect("kubeconfig resolves")
-}
-
-async fn client_for(server: &ApiServer) -> Client {
-    Client::try_from(config_for(server).await).expect("client builds")
-}
 
 /// A client set up the way tether's probes set theirs up.
 async fn probe_client_for(server: &ApiServer) -> Client {

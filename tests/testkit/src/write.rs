@@ -95,6 +95,17 @@ impl<'a> WriteRequest<'a> {
         })
     }
 
+    /// Commits `decide`'s change to the object `name` addresses.
+    fn commit(
+        &self,
+        name: &str,
+        dry_run: bool,
+        decide: impl FnOnce(Option<&Value>) -> Result<Change, ApiError>,
+    ) -> Result<Value, ApiError> {
+        self.store
+            .commit(self.resource, self.namespace, name, dry_run, decide)
+    }
+
     fn media_type(&self) -> &str {
         self.content_type.split(';').next().unwrap_or("").trim()
     }
@@ -176,19 +187,13 @@ impl<'a> WriteRequest<'a> {
             },
         };
         self.check_namespace(&object)?;
-        let created = self.store.commit(
-            self.resource,
-            self.namespace,
-            &name,
-            self.dry_run,
-            |existing| {
-                if existing.is_some() {
-                    return Err(ApiError::already_exists(self.resource, &name));
-                }
-                managed::record_update(self.resource, None, &mut object, &self.manager);
-                Ok(Change::Put(object))
-            },
-        )?;
+        let created = self.commit(&name, self.dry_run, |existing| {
+            if existing.is_some() {
+                return Err(ApiError::already_exists(self.resource, &name));
+            }
+            managed::record_update(self.resource, None, &mut object, &self.manager);
+            Ok(Change::Put(object))
+        })?;
         Ok(Written {
             code: 201,
             object: created,
@@ -208,17 +213,11 @@ impl<'a> WriteRequest<'a> {
                 "the name of the object does not match the name on the URL",
             ));
         }
-        let updated = self.store.commit(
-            self.resource,
-            self.namespace,
-            name,
-            self.dry_run,
-            |existing| {
-                let current = existing.ok_or_else(|| ApiError::not_found(self.resource, name))?;
-                managed::record_update(self.resource, Some(current), &mut object, &self.manager);
-                Ok(Change::Put(object))
-            },
-        )?;
+        let updated = self.commit(name, self.dry_run, |existing| {
+            let current = existing.ok_or_else(|| ApiError::not_found(self.resource, name))?;
+            managed::record_update(self.resource, Some(current), &mut object, &self.manager);
+            Ok(Change::Put(object))
+        })?;
         Ok(Written {
             code: 200,
             object: updated,
@@ -243,25 +242,19 @@ impl<'a> WriteRequest<'a> {
             return self.apply(name, force);
         }
         let mut warnings = Vec::new();
-        let patched = self.store.commit(
-            self.resource,
-            self.namespace,
-            name,
-            self.dry_run,
-            |existing| {
-                let current = existing.ok_or_else(|| ApiError::not_found(self.resource, name))?;
-                let patched = patch::patch(kind, current, &self.body)?;
-                for field in ["name", "namespace", "uid"] {
-                    if patched["metadata"][field] != current["metadata"][field] {
-                        return Err(immutable(self.resource, name, field));
-                    }
+        let patched = self.commit(name, self.dry_run, |existing| {
+            let current = existing.ok_or_else(|| ApiError::not_found(self.resource, name))?;
+            let patched = patch::patch(kind, current, &self.body)?;
+            for field in ["name", "namespace", "uid"] {
+                if patched["metadata"][field] != current["metadata"][field] {
+                    return Err(immutable(self.resource, name, field));
                 }
-                let (mut object, found) = self.admit(&patched)?;
-                warnings = found;
-                managed::record_update(self.resource, Some(current), &mut object, &self.manager);
-                Ok(Change::Put(object))
-            },
-        )?;
+            }
+            let (mut object, found) = self.admit(&patched)?;
+            warnings = found;
+            managed::record_update(self.resource, Some(current), &mut object, &self.manager);
+            Ok(Change::Put(object))
+        })?;
         Ok(Written {
             code: 200,
             object: patched,
@@ -295,20 +288,13 @@ impl<'a> WriteRequest<'a> {
         let (applied, warnings) = self.admit(&applied)?;
         self.check_namespace(&applied)?;
         let mut created = false;
-        let object = self.store.commit(
-            self.resource,
-            self.namespace,
-            name,
-            self.dry_run,
-            |existing| {
-                created = existing.is_none();
-                let merged =
-                    managed::apply(self.resource, existing, &applied, &self.manager, force)?;
-                // Leaving fields out can leave empty maps: store the canonical
-                // form.
-                Ok(Change::Put(proto::admit(self.resource, &merged)?.object))
-            },
-        )?;
+        let object = self.commit(name, self.dry_run, |existing| {
+            created = existing.is_none();
+            let merged = managed::apply(self.resource, existing, &applied, &self.manager, force)?;
+            // Leaving fields out can leave empty maps: store the canonical
+            // form.
+            Ok(Change::Put(proto::admit(self.resource, &merged)?.object))
+        })?;
         Ok(Written {
             code: if created { 201 } else { 200 },
             object,
@@ -331,7 +317,7 @@ impl<'a> WriteRequest<'a> {
             || options["dryRun"]
                 .as_array()
                 .is_some_and(|d| d.iter().any(|v| v == "All"));
-        let deleted = self.store.commit(self.resource, self.namespace, name, dry_run, |existing| {
+        let deleted = self.commit(name, dry_run, |existing| {
             let current = existing.ok_or_else(|| ApiError::not_found(self.resource, name))?;
             for (field, label) in [("uid", "UID"), ("resourceVersion", "ResourceVersion")] {
                 let want = options["preconditions"][field].as_str();

@@ -146,8 +146,39 @@ impl FakeApiserver {
             .unwrap_or_else(|| panic!("{name} is a number in {stats}"))
     }
 
-    fn open_watches(&self) -> u64 {
-        self.stat("openWatches")
+    /// Waits until the control endpoint's `name` reaches `at_least`.
+    fn until_stat(&self, name: &str, at_least: u64) {
+        let deadline = Instant::now() + STEP;
+        while self.stat(name) < at_least {
+            assert!(
+                Instant::now() < deadline,
+                "{name} stayed below {at_least} for {STEP:?}"
+            );
+            std::thread::yield_now();
+        }
+    }
+
+    /// Starts a kubectl that streams (`-w`); returns it, killed on drop,
+    /// and its output lines.
+    fn stream(&self, args: &[&str]) -> (Streaming, mpsc::Receiver<String>) {
+        let mut child = self
+            .kubectl(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("kubectl starts");
+        let lines = line_reader(child.stdout.take().expect("stdout is piped"));
+        (Streaming(child), lines)
+    }
+}
+
+/// A streaming kubectl, killed on drop.
+struct Streaming(Child);
+
+impl Drop for Streaming {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 
@@ -260,28 +291,15 @@ fn kubectl_with_a_wrong_token_is_unauthorized() {
 #[test]
 fn kubectl_watch_receives_an_event_made_after_it_started() {
     let server = FakeApiserver::start("watch");
-    let mut watch = server
-        .kubectl(&["get", "cm", "-n", "default", "-w", "-o", "name"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("kubectl watch starts");
-    let lines = line_reader(watch.stdout.take().expect("stdout is piped"));
+    let (_watch, lines) = server.stream(&["get", "cm", "-n", "default", "-w", "-o", "name"]);
     wait_for_line(&lines, "configmap/seed-00002");
 
     // Only once the watch is open does the object get made, so it can only
     // arrive through the watch.
-    let deadline = Instant::now() + STEP;
-    while server.open_watches() == 0 {
-        assert!(Instant::now() < deadline, "kubectl never opened its watch");
-        std::thread::yield_now();
-    }
+    server.until_stat("openWatches", 1);
     let manifest = write_manifest(server.dir.path(), "made-after-watch");
     server.run(&["create", "-f", manifest.to_str().expect("utf-8 path")]);
     wait_for_line(&lines, "configmap/made-after-watch");
-
-    let _ = watch.kill();
-    let _ = watch.wait();
 }
 
 impl FakeApiserver {
@@ -328,14 +346,15 @@ const SSA_MANIFEST: &str = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: 
 fn kubectl_creates_a_configmap_from_literals_and_a_second_create_already_exists() {
     let server = FakeApiserver::start("literal");
     let before = server.stat("protobufRequests");
-    let created = server.run(&[
+    let create = [
         "create",
         "configmap",
         "demo",
         "-n",
         "default",
         "--from-literal=a=b",
-    ]);
+    ];
+    let created = server.run(&create);
     assert_eq!(created.trim(), "configmap/demo created");
     assert!(
         server.stat("protobufRequests") > before,
@@ -355,14 +374,7 @@ fn kubectl_creates_a_configmap_from_literals_and_a_second_create_already_exists(
     ]);
     assert_eq!(managers, "kubectl-create/Update");
 
-    let stderr = server.fail(&[
-        "create",
-        "configmap",
-        "demo",
-        "-n",
-        "default",
-        "--from-literal=a=b",
-    ]);
+    let stderr = server.fail(&create);
     assert!(
         stderr.contains("configmaps \"demo\" already exists"),
         "{stderr}"
@@ -509,19 +521,9 @@ fn kubectl_patches_labels_and_annotates() {
 fn kubectl_get_watch_json_and_wait_for_delete_see_the_changes() {
     let server = FakeApiserver::start("wait");
     server.run(&["create", "configmap", "w", "--from-literal=a=1"]);
-    let mut watch = server
-        .kubectl(&["get", "cm", "w", "-o", "json", "-w"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("kubectl watch starts");
-    let lines = line_reader(watch.stdout.take().expect("stdout is piped"));
+    let (_watch, lines) = server.stream(&["get", "cm", "w", "-o", "json", "-w"]);
     wait_for_line(&lines, r#""name": "w""#);
-    let deadline = Instant::now() + STEP;
-    while server.open_watches() == 0 {
-        assert!(Instant::now() < deadline, "kubectl never opened its watch");
-        std::thread::yield_now();
-    }
+    server.until_stat("openWatches", 1);
     server.run(&["label", "cm", "w", "seen=yes"]);
     wait_for_line(&lines, r#""seen": "yes""#);
 
@@ -530,14 +532,7 @@ fn kubectl_get_watch_json_and_wait_for_delete_see_the_changes() {
         .stdout(Stdio::piped())
         .spawn()
         .expect("kubectl wait starts");
-    let deadline = Instant::now() + STEP;
-    while server.open_watches() < 2 {
-        assert!(
-            Instant::now() < deadline,
-            "kubectl wait never opened its watch"
-        );
-        std::thread::yield_now();
-    }
+    server.until_stat("openWatches", 2);
     assert_eq!(
         server.run(&["delete", "cm", "w"]).trim(),
         r#"configmap "w" deleted"#
@@ -553,9 +548,6 @@ fn kubectl_get_watch_json_and_wait_for_delete_see_the_changes() {
         .read_to_string(&mut said)
         .expect("read");
     assert_eq!(said.trim(), "configmap/w condition met");
-
-    let _ = watch.kill();
-    let _ = watch.wait();
 }
 
 #[test]
@@ -631,22 +623,9 @@ fn kubectl_events_lists_and_watches_over_protobuf() {
         )
     };
     server.run(&["create", "-f", &event("e1", "first")]);
-    let mut watch = server
-        .kubectl(&["events", "-n", "default", "--watch"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("kubectl events starts");
-    let lines = line_reader(watch.stdout.take().expect("stdout is piped"));
+    let (_watch, lines) = server.stream(&["events", "-n", "default", "--watch"]);
     wait_for_line(&lines, "first");
-    let deadline = Instant::now() + STEP;
-    while server.stat("protobufWatches") == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "kubectl events never opened a protobuf watch"
-        );
-        std::thread::yield_now();
-    }
+    server.until_stat("protobufWatches", 1);
     server.run(&["create", "-f", &event("e2", "second")]);
     let seen = wait_for_line(&lines, "second");
     assert!(
@@ -654,6 +633,4 @@ fn kubectl_events_lists_and_watches_over_protobuf() {
             .any(|l| l.contains("Tested") && l.contains("ConfigMap/seed-00000")),
         "{seen:?}"
     );
-    let _ = watch.kill();
-    let _ = watch.wait();
 }
