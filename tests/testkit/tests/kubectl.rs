@@ -496,8 +496,8 @@ fn kubectl_patches_labels_and_annotates() {
         r#"[{"op":"test","path":"/data/a","value":"no"}]"#,
     ]);
     assert!(
-        failed.contains("invalid") || failed.contains("Invalid"),
-        "{failed}"
+        failed.contains("The request is invalid") && failed.contains("value did not match"),
+        "a failed test operation is a 422 that says why: {failed}"
     );
 
     server.run(&["label", "cm", "p", "tier=web"]);
