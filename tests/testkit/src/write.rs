@@ -32,12 +32,12 @@ pub(crate) struct Written {
 
 /// What every write verb needs from its request.
 pub(crate) struct WriteRequest<'a> {
-    pub(crate) store: &'a Store,
-    pub(crate) resource: Resource,
-    pub(crate) namespace: &'a str,
-    pub(crate) params: &'a HashMap<String, String>,
-    pub(crate) content_type: String,
-    pub(crate) body: Bytes,
+    store: &'a Store,
+    resource: Resource,
+    namespace: &'a str,
+    params: &'a HashMap<String, String>,
+    content_type: String,
+    body: Bytes,
     dry_run: bool,
     manager: String,
 }
