@@ -60,6 +60,41 @@ def only(docs, kind):
     return found[0] if len(found) == 1 else None
 
 
+def check_manager(label, values, pod, config):
+    """The manager each way renders: the built-in one, tether inside the
+    controller's image, or tether added to it by an init container."""
+    exec_values = values.get("manager", {}).get("exec", {})
+    command = exec_values.get("command", [])
+    container = pod["containers"][0]
+    if not command:
+        check("manager" not in config and config.get("watch") and "initContainers" not in pod
+              and container["name"] == "tether" and "command" not in container,
+              f"{label}: the built-in watch manager, in tether's own image")
+        return
+    spec = config.get("manager", {}).get("exec", {})
+    check("watch" not in config and spec.get("stopSignal") == "SIGTERM" and spec.get("gracePeriod") == "20s"
+          and spec.get("readiness") == exec_values.get("readiness"),
+          f"{label}: the config has manager.exec, and no watch list")
+    injected = exec_values.get("image", {}).get("repository")
+    if injected:
+        init = pod.get("initContainers", [{}])[0]
+        shared = [v for v in pod["volumes"] if v["name"] == "tether-bin"]
+        check(init.get("args") == ["install", "/tether/tether"] and init["image"].startswith(values.get("image", {}).get("repository", "localhost/tether"))
+              and shared == [{"name": "tether-bin", "emptyDir": {}}]
+              and {"name": "tether-bin", "mountPath": "/tether", "readOnly": True} in container["volumeMounts"],
+              f"{label}: an init container from tether's image copies tether into a shared emptyDir")
+        check(container["image"] == f"{injected}:{exec_values['image']['tag']}"
+              and container["command"][:4] == ["/tether/tether", "run", "--config", "/etc/tether/config.yaml"]
+              and container["command"][container["command"].index("--") + 1:] == command
+              and "command" not in spec,
+              f"{label}: the controller's image runs tether with its command after --, not in the config")
+    else:
+        check("initContainers" not in pod and container["command"] == ["/tether"]
+              and container["args"][:3] == ["run", "--config", "/etc/tether/config.yaml"]
+              and spec.get("command") == command,
+              f"{label}: the controller's image runs tether, its command in the config")
+
+
 def main():
     # The chart's copy of the rules is the source, byte for byte.
     copy = CHART / "files" / "tether.rules.yaml"
@@ -82,6 +117,10 @@ def main():
         "every feature": everything,
         "two replicas": {**everything, "replicaCount": 2},
         "network policy": {**everything, "networkPolicy": {"enabled": True, "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]}},
+        "exec, tether in the controller's image": {"remotes": [remote], "image": {"repository": "registry.example.com/controller", "tag": "1.0"},
+                                                   "manager": {"exec": {"command": ["/manager", "--leader-elect=false"], "readiness": {"httpGet": {"port": 8081, "path": "/readyz"}}}}},
+        "exec, tether added to an image": {"remotes": [remote], "manager": {"exec": {"command": ["/manager", "--leader-elect=false"],
+                                                                                      "image": {"repository": "registry.example.com/controller", "tag": "1.0"}}}},
     }
     for label, values in cases.items():
         docs = render(values)
@@ -118,6 +157,8 @@ def main():
         check(config is not None and [r["name"] for r in config["remotes"]] == [r["name"] for r in values.get("remotes", [])],
               f"{label}: the config lists the remotes")
 
+        check_manager(label, values, pod, config)
+
         rule = only(docs, "PrometheusRule")
         if rule is not None:
             source = yaml.safe_load(RULES.read_text())
@@ -151,6 +192,8 @@ def main():
         "a bad enum": ({"logFormat": "xml"}, "logFormat"),
         "a bad pull policy": ({"image": {"pullPolicy": "Sometimes"}}, "pullPolicy"),
         "a remote without a Secret": ({"remotes": [{"name": "a"}]}, "secretName"),
+        "an unknown stop signal": ({"manager": {"exec": {"stopSignal": "SIGFOO"}}}, "stopSignal"),
+        "a shell line for a command": ({"manager": {"exec": {"command": "/manager --x"}}}, "command"),
     }
     for label, (values, key) in bad.items():
         try:

@@ -70,6 +70,7 @@ fn main() {
                 supervisor: supervisor.handle(),
                 probes: probes.handle(),
                 manager: manager_handle,
+                process: None,
                 draining: Arc::new(AtomicBool::new(false)),
             },
             Heartbeats {

@@ -27,6 +27,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
+use crate::exec::ProcessHandle;
 use crate::manager::ManagerHandle;
 
 /// The state the admin server reads: it never reaches into a manager.
@@ -38,6 +39,8 @@ pub struct Sources {
     pub probes: ProbeSetHandle,
     /// The manager's caches, for the status page.
     pub manager: ManagerHandle,
+    /// The exec manager's process, when the manager is one.
+    pub process: Option<ProcessHandle>,
     /// Set once at shutdown; never cleared.
     pub draining: Arc<AtomicBool>,
 }
@@ -99,6 +102,32 @@ pub struct StatusView {
     pub supervisor: SupervisorView,
     /// Every configured remote, by name.
     pub remotes: Vec<RemoteView>,
+    /// The exec manager's process, when the manager is one.
+    pub process: Option<ProcessView>,
+}
+
+/// The exec manager's process, as the status page shows it.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProcessView {
+    /// The command it runs.
+    pub command: Vec<String>,
+    /// The running process, if one runs.
+    pub pid: Option<u32>,
+    /// The cycle it runs in.
+    pub cycle: u64,
+    /// How long it has run.
+    pub running_seconds: Option<f64>,
+    /// How the last run ended: `exit code 1`, `killed by SIGKILL`.
+    pub last_exit: Option<String>,
+    /// Whether tether stopped the last run, rather than it ending by itself.
+    pub last_exit_stopped: Option<bool>,
+    /// The cycle of the last run.
+    pub last_exit_cycle: Option<u64>,
+    /// How long ago the last run ended.
+    pub last_exit_seconds_ago: Option<f64>,
+    /// Why the last spawn failed, until one succeeds.
+    pub spawn_error: Option<String>,
 }
 
 /// The supervisor, as the status page shows it.
@@ -313,6 +342,21 @@ impl Admin {
                     .collect(),
             },
             remotes,
+            process: self.sources.process.as_ref().map(|process| {
+                let state = process.state();
+                let last = state.last_exit.as_ref();
+                ProcessView {
+                    command: process.spec().command.clone(),
+                    pid: state.pid,
+                    cycle: state.cycle,
+                    running_seconds: ago(state.started),
+                    last_exit: last.map(|e| e.how.to_string()),
+                    last_exit_stopped: last.map(|e| e.stopped),
+                    last_exit_cycle: last.map(|e| e.cycle),
+                    last_exit_seconds_ago: ago(last.map(|e| e.at)),
+                    spawn_error: state.spawn_error,
+                }
+            }),
         }
     }
 
@@ -344,6 +388,32 @@ impl Admin {
             seconds(s.backoff_seconds),
             status.draining,
         );
+        if let Some(p) = &status.process {
+            let last = p.last_exit.as_deref().map(|how| {
+                let by = if p.last_exit_stopped == Some(true) {
+                    "stopped by tether"
+                } else {
+                    "ended by itself"
+                };
+                format!(
+                    "{how} ({by}, cycle {}, {} s ago)",
+                    p.last_exit_cycle.unwrap_or_default(),
+                    seconds(p.last_exit_seconds_ago)
+                )
+            });
+            let _ = write!(
+                html,
+                "<h2>Manager process</h2><table>\
+                 <tr><th>command</th><td><code>{}</code></td></tr><tr><th>pid</th><td>{}</td></tr>\
+                 <tr><th>running (s)</th><td>{}</td></tr><tr><th>last exit</th><td>{}</td></tr>\
+                 <tr><th>spawn error</th><td>{}</td></tr></table>",
+                escape(&p.command.join(" ")),
+                p.pid.map_or_else(|| "—".to_owned(), |pid| pid.to_string()),
+                seconds(p.running_seconds),
+                text(last.as_deref()),
+                text(p.spawn_error.as_deref()),
+            );
+        }
         html.push_str(
             "<h2>Remotes</h2><table><tr><th>remote</th><th>host</th><th>gates readiness</th><th>state</th><th>failures</th>\
              <th>last cause</th><th>last error</th><th>local error</th><th>last transition (s ago)</th><th>latency (s)</th>\

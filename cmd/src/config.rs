@@ -104,6 +104,81 @@ impl WatchSpec {
     }
 }
 
+/// How the exec manager knows its process is up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadinessSpec {
+    /// `GET http://127.0.0.1:<port><path>`; any 2xx is ready.
+    pub port: u16,
+    /// The path, from `/`.
+    pub path: String,
+    /// How often it is checked.
+    pub period: Duration,
+    /// Each check's deadline.
+    pub timeout: Duration,
+    /// Failures in a row, once up, before the process counts as down.
+    pub failure_threshold: u32,
+}
+
+/// The signals a process may be asked to stop with.
+pub const STOP_SIGNALS: [(&str, rustix::process::Signal); 6] = [
+    ("SIGTERM", rustix::process::Signal::TERM),
+    ("SIGINT", rustix::process::Signal::INT),
+    ("SIGQUIT", rustix::process::Signal::QUIT),
+    ("SIGHUP", rustix::process::Signal::HUP),
+    ("SIGUSR1", rustix::process::Signal::USR1),
+    ("SIGUSR2", rustix::process::Signal::USR2),
+];
+
+/// The exec manager: a process run as each cycle's manager.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecSpec {
+    /// The argv; the first is the program, looked up on `PATH`.
+    pub command: Vec<String>,
+    /// Added to tether's own environment.
+    pub env: Vec<(String, String)>,
+    /// The working directory; default tether's.
+    pub working_dir: Option<PathBuf>,
+    /// When the process counts as up; `None`: once started.
+    pub readiness: Option<ReadinessSpec>,
+    /// The signal a cycle's end sends the process group first, by name.
+    pub stop_signal: &'static str,
+    /// How long after the stop signal the group gets SIGKILL.
+    pub grace_period: Duration,
+}
+
+impl ExecSpec {
+    /// The spec of a bare command: the defaults for everything else.
+    #[must_use]
+    pub fn of_command(command: Vec<String>, supervisor: &SupervisorConfig) -> Self {
+        Self {
+            command,
+            env: Vec::new(),
+            working_dir: None,
+            readiness: None,
+            stop_signal: "SIGTERM",
+            grace_period: default_grace_period(supervisor),
+        }
+    }
+
+    /// The stop signal.
+    #[must_use]
+    pub fn signal(&self) -> rustix::process::Signal {
+        STOP_SIGNALS
+            .iter()
+            .find(|(name, _)| *name == self.stop_signal)
+            .map_or(rustix::process::Signal::TERM, |(_, signal)| *signal)
+    }
+}
+
+/// The default time a process has to stop before SIGKILL: two thirds of the
+/// supervisor's default 30s shutdown grace, so a clean stop fits in it (a
+/// shorter shutdown grace shortens it too).
+const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(20);
+
+fn default_grace_period(supervisor: &SupervisorConfig) -> Duration {
+    DEFAULT_GRACE_PERIOD.min(supervisor.shutdown_grace * 2 / 3)
+}
+
 /// The validated configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -122,6 +197,10 @@ pub struct Config {
     pub remotes: Vec<RemoteSpec>,
     /// What the built-in manager caches.
     pub watch: Vec<WatchSpec>,
+    /// The exec manager, when the manager is a process.
+    pub exec: Option<ExecSpec>,
+    /// The command given after `--`, kept so that a reload applies it again.
+    pub command_line: Vec<String>,
 }
 
 // The file's shape. Everything optional is defaulted in `validate`, so that
@@ -135,6 +214,47 @@ struct RawConfig {
     supervisor: Option<RawSupervisor>,
     remotes: Option<Vec<RawRemote>>,
     watch: Option<Vec<RawWatch>>,
+    manager: Option<RawManager>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawManager {
+    exec: Option<RawExec>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawExec {
+    command: Option<Vec<String>>,
+    env: Option<Vec<RawEnv>>,
+    working_dir: Option<String>,
+    readiness: Option<RawReadiness>,
+    stop_signal: Option<String>,
+    grace_period: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawEnv {
+    name: Option<String>,
+    value: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawReadiness {
+    http_get: Option<RawHttpGet>,
+    period: Option<String>,
+    timeout: Option<String>,
+    failure_threshold: Option<u32>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawHttpGet {
+    port: Option<u16>,
+    path: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -449,6 +569,146 @@ impl Checker<'_> {
         Ok(remotes)
     }
 
+    fn readiness(&self, r: RawReadiness) -> Result<ReadinessSpec, ConfigError> {
+        let get = r.http_get.ok_or_else(|| {
+            self.error(
+                "manager.exec.readiness.httpGet",
+                "is required: {port, path}",
+            )
+        })?;
+        let port = get.port.filter(|p| *p != 0).ok_or_else(|| {
+            self.error(
+                "manager.exec.readiness.httpGet.port",
+                "is required: 1-65535",
+            )
+        })?;
+        let path = get.path.unwrap_or_else(|| "/".to_owned());
+        if !path.starts_with('/') || path.parse::<http::uri::PathAndQuery>().is_err() {
+            return Err(self.error(
+                "manager.exec.readiness.httpGet.path",
+                format!("{path:?} is not a path like /readyz"),
+            ));
+        }
+        let second = Duration::from_secs(1);
+        let period = self.duration("manager.exec.readiness.period", r.period.as_ref(), second)?;
+        let timeout =
+            self.duration("manager.exec.readiness.timeout", r.timeout.as_ref(), second)?;
+        if period.is_zero() || timeout.is_zero() {
+            return Err(self.error(
+                "manager.exec.readiness",
+                "period and timeout must be above 0",
+            ));
+        }
+        let failure_threshold = r.failure_threshold.unwrap_or(3);
+        if failure_threshold == 0 {
+            return Err(self.error(
+                "manager.exec.readiness.failureThreshold",
+                "must be at least 1",
+            ));
+        }
+        Ok(ReadinessSpec {
+            port,
+            path,
+            period,
+            timeout,
+            failure_threshold,
+        })
+    }
+
+    fn stop_signal(&self, raw: Option<String>) -> Result<&'static str, ConfigError> {
+        let Some(name) = raw else {
+            return Ok("SIGTERM");
+        };
+        let wanted = name.trim().to_ascii_uppercase();
+        let wanted = if wanted.starts_with("SIG") {
+            wanted
+        } else {
+            format!("SIG{wanted}")
+        };
+        STOP_SIGNALS
+            .iter()
+            .find(|(known, _)| *known == wanted)
+            .map(|(known, _)| *known)
+            .ok_or_else(|| {
+                let known: Vec<&str> = STOP_SIGNALS.iter().map(|(n, _)| *n).collect();
+                self.error(
+                    "manager.exec.stopSignal",
+                    format!("{name:?} is not one of {}", known.join(", ")),
+                )
+            })
+    }
+
+    fn exec(&self, raw: RawExec, supervisor: &SupervisorConfig) -> Result<ExecSpec, ConfigError> {
+        // Empty: it must come after `--` on the command line
+        // (`with_command`).
+        let command = raw.command.unwrap_or_default();
+        if command.first().is_some_and(String::is_empty) {
+            return Err(self.error("manager.exec.command[0]", "the program is empty"));
+        }
+        if let Some(i) = command.iter().position(|arg| arg.contains('\0')) {
+            return Err(self.error(format!("manager.exec.command[{i}]"), "contains a NUL byte"));
+        }
+        let mut env = Vec::new();
+        for (i, var) in raw.env.unwrap_or_default().into_iter().enumerate() {
+            let name = var
+                .name
+                .ok_or_else(|| self.error(format!("manager.exec.env[{i}].name"), "is required"))?;
+            if name.is_empty() || name.contains(['=', '\0']) {
+                return Err(self.error(
+                    format!("manager.exec.env[{i}].name"),
+                    format!("{name:?} is not a variable name"),
+                ));
+            }
+            let value = var.value.unwrap_or_default();
+            if value.contains('\0') {
+                return Err(self.error(
+                    format!("manager.exec.env[{i}].value"),
+                    "contains a NUL byte",
+                ));
+            }
+            env.push((name, value));
+        }
+        let working_dir = raw
+            .working_dir
+            .map(|dir| {
+                let path = self.base.join(&dir);
+                if path.is_dir() {
+                    Ok(path)
+                } else {
+                    Err(self.error(
+                        "manager.exec.workingDir",
+                        format!("{} is not a directory", path.display()),
+                    ))
+                }
+            })
+            .transpose()?;
+        let readiness = raw.readiness.map(|r| self.readiness(r)).transpose()?;
+        let stop_signal = self.stop_signal(raw.stop_signal)?;
+        // Unset, it fits in the shutdown grace, with a third of it to spare.
+        let grace_period = self.duration(
+            "manager.exec.gracePeriod",
+            raw.grace_period.as_ref(),
+            default_grace_period(supervisor),
+        )?;
+        if grace_period >= supervisor.shutdown_grace {
+            return Err(self.error(
+                "manager.exec.gracePeriod",
+                format!(
+                    "{grace_period:?} must be shorter than supervisor.shutdownGrace ({:?}), so that a stop at shutdown fits in it",
+                    supervisor.shutdown_grace
+                ),
+            ));
+        }
+        Ok(ExecSpec {
+            command,
+            env,
+            working_dir,
+            readiness,
+            stop_signal,
+            grace_period,
+        })
+    }
+
     fn watch(&self, raw: Vec<RawWatch>) -> Result<Vec<WatchSpec>, ConfigError> {
         raw.into_iter()
             .enumerate()
@@ -608,10 +868,23 @@ impl Config {
         let probe = check.probe(raw.probe.unwrap_or_default())?;
         let supervisor = check.supervisor(raw.supervisor.unwrap_or_default())?;
         let remotes = check.remotes(raw.remotes.unwrap_or_default())?;
-        // Absent: the default. An explicit empty list watches nothing.
-        let watch = match raw.watch {
-            Some(watch) => check.watch(watch)?,
-            None => default_watch(),
+        let exec = raw
+            .manager
+            .and_then(|m| m.exec)
+            .map(|exec| check.exec(exec, &supervisor))
+            .transpose()?;
+        // Absent: the default. An explicit empty list watches nothing. The
+        // exec manager watches nothing itself.
+        let watch = match (raw.watch, &exec) {
+            (Some(_), Some(_)) => {
+                return Err(check.error(
+                    "watch",
+                    "does not go with manager.exec: the built-in watch manager and the exec manager are two managers; keep one",
+                ));
+            }
+            (Some(watch), None) => check.watch(watch)?,
+            (None, None) => default_watch(),
+            (None, Some(_)) => Vec::new(),
         };
         Ok(Self {
             file: None,
@@ -621,6 +894,8 @@ impl Config {
             supervisor,
             remotes,
             watch,
+            exec,
+            command_line: Vec::new(),
         })
     }
 
@@ -640,7 +915,57 @@ impl Config {
                 source: RemoteSource::Inferred,
             }],
             watch: default_watch(),
+            exec: None,
+            command_line: Vec::new(),
         }
+    }
+
+    /// Makes `command` (given after `--` on the command line, possibly
+    /// none) the exec manager's. A `manager.exec` section without a
+    /// `command` of its own gives its other settings; without one, they are
+    /// the defaults.
+    ///
+    /// # Errors
+    ///
+    /// If the file's `manager.exec` has a command too, or the file has a
+    /// `watch` list (which one runs would be a guess); or if the file's
+    /// `manager.exec` has no command and none was given.
+    pub fn with_command(mut self, command: Vec<String>) -> Result<Self, ConfigError> {
+        let file = self.label();
+        let error = |field: &str, message: String| ConfigError {
+            file: file.clone(),
+            field: field.to_owned(),
+            message,
+        };
+        let clash = "and a command was given after `--` too; keep one";
+        match (&mut self.exec, command.is_empty()) {
+            (Some(exec), true) if exec.command.is_empty() => {
+                return Err(error(
+                    "manager.exec.command",
+                    "is required: the program and its arguments, as a list (not a shell line), or after `--` on the command line".to_owned(),
+                ));
+            }
+            (_, true) => return Ok(self),
+            (Some(exec), false) if !exec.command.is_empty() => {
+                return Err(error(
+                    "manager.exec.command",
+                    format!("sets the exec manager's command, {clash}"),
+                ));
+            }
+            (Some(exec), false) => exec.command.clone_from(&command),
+            (None, false) => {
+                if self.watch != default_watch() {
+                    return Err(error(
+                        "watch",
+                        format!("configures the built-in watch manager, {clash}"),
+                    ));
+                }
+                self.exec = Some(ExecSpec::of_command(command.clone(), &self.supervisor));
+            }
+        }
+        self.watch = Vec::new();
+        self.command_line = command;
+        Ok(self)
     }
 
     /// The label for errors: the file, or `<defaults>`.

@@ -9,7 +9,10 @@ use std::time::Duration;
 
 use prometheus::{IntCounterVec, Opts, Registry};
 use tether_probes::{ProbeSet, ProbeSetHandle};
-use tether_supervisor::{BoxError, Cause, ShutdownOutcome, Supervisor, SupervisorHandle};
+use tether_supervisor::{
+    BoxError, Cause, CycleToken, ManagerError, ManagerFactory, ShutdownOutcome, Supervisor,
+    SupervisorHandle, UsedRemotes,
+};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -17,8 +20,33 @@ use tracing::{error, info, warn};
 
 use crate::admin::{self, Admin, Heartbeats, Sources};
 use crate::config::{Config, ConfigError};
+use crate::exec::{ExecManager, ProcessHandle};
 use crate::manager::{ManagerHandle, Plan, WatchManager};
 use crate::remote;
+
+/// The manager the supervisor drives: the built-in watch manager, or a
+/// process.
+#[derive(Debug)]
+enum Manager {
+    Watch(WatchManager),
+    Exec(ExecManager),
+}
+
+impl ManagerFactory for Manager {
+    fn remotes(&self) -> UsedRemotes {
+        match self {
+            Self::Watch(manager) => manager.remotes(),
+            Self::Exec(manager) => manager.remotes(),
+        }
+    }
+
+    async fn run(&self, cycle: CycleToken) -> Result<(), ManagerError> {
+        match self {
+            Self::Watch(manager) => manager.run(cycle).await,
+            Self::Exec(manager) => manager.run(cycle).await,
+        }
+    }
+}
 
 /// Why the daemon could not start. Nothing is left running.
 #[derive(Debug, thiserror::Error)]
@@ -59,6 +87,8 @@ pub struct Daemon {
     pub probes: ProbeSetHandle,
     /// The manager.
     pub manager: ManagerHandle,
+    /// The exec manager's process, when the manager is one.
+    pub process: Option<ProcessHandle>,
     /// The admin server's address.
     pub admin_address: SocketAddr,
     config: Config,
@@ -68,6 +98,35 @@ pub struct Daemon {
     reloads: IntCounterVec,
     run: JoinHandle<ShutdownOutcome>,
     admin_stop: CancellationToken,
+}
+
+/// The manager `config` asks for, the built-in watch manager's handle (the
+/// admin server reads its caches, and the required remotes, either way) and
+/// the exec manager's process, if it is one.
+fn build_manager(
+    config: &Config,
+    remotes: Vec<remote::ResolvedRemote>,
+    registry: &Registry,
+    probes: &ProbeSetHandle,
+) -> prometheus::Result<(Manager, ManagerHandle, Option<ProcessHandle>)> {
+    let watch = WatchManager::new(
+        registry,
+        probes.clone(),
+        Plan {
+            remotes,
+            watch: config.watch.clone(),
+        },
+        config.probe.detection_bound(),
+    )?;
+    let handle = watch.handle();
+    Ok(match &config.exec {
+        None => (Manager::Watch(watch), handle, None),
+        Some(spec) => {
+            let exec = ExecManager::new(registry, spec.clone(), handle.clone(), probes.clone())?;
+            let process = exec.handle();
+            (Manager::Exec(exec), handle, Some(process))
+        }
+    })
 }
 
 fn setup<E: Into<BoxError>>(what: &'static str) -> impl Fn(E) -> StartError {
@@ -125,17 +184,9 @@ impl Daemon {
             .sync(&remote::probed(&remotes))
             .map_err(setup("probes"))?;
         let probes = probe_set.handle();
-        let manager = WatchManager::new(
-            &registry,
-            probes.clone(),
-            Plan {
-                remotes,
-                watch: config.watch.clone(),
-            },
-            config.probe.detection_bound(),
-        )
-        .map_err(setup("manager metrics"))?;
-        let manager_handle = manager.handle();
+        let (manager, manager_handle, process) =
+            build_manager(&config, remotes, &registry, &probes)
+                .map_err(setup("manager metrics"))?;
         let supervisor = Supervisor::new(manager, config.supervisor, &registry)
             .map_err(setup("supervisor"))?
             .end_cycles_on(probes.signals());
@@ -147,6 +198,7 @@ impl Daemon {
                 supervisor: supervisor_handle.clone(),
                 probes: probes.clone(),
                 manager: manager_handle.clone(),
+                process: process.clone(),
                 draining: Arc::clone(&draining),
             },
             Heartbeats {
@@ -170,6 +222,7 @@ impl Daemon {
             supervisor: supervisor_handle,
             probes,
             manager: manager_handle,
+            process,
             admin_address,
             config,
             probe_set,
@@ -202,7 +255,14 @@ impl Daemon {
     }
 
     async fn try_reload(&mut self, path: &Path) -> Result<(), ConfigError> {
-        let next = Config::load(path)?;
+        let next = Config::load(path)?.with_command(self.config.command_line.clone())?;
+        if next.exec.is_some() != self.config.exec.is_some() {
+            return Err(ConfigError {
+                file: next.label(),
+                field: "manager.exec".to_owned(),
+                message: "switching between the built-in watch manager and the exec manager takes a restart".to_owned(),
+            });
+        }
         let remotes = remote::resolve(&next).await?;
         self.probe_set
             .sync(&remote::probed(&remotes))
@@ -227,6 +287,9 @@ impl Daemon {
             remotes,
             watch: next.watch.clone(),
         });
+        if let (Some(process), Some(spec)) = (&self.process, &next.exec) {
+            process.update(spec.clone());
+        }
         let ended = self.supervisor.end_cycle(Cause::ConfigChanged);
         info!(
             remotes = next.remotes.len(),
@@ -294,12 +357,18 @@ impl Daemon {
                 }
             }
         }
+        let process = self.process.clone();
         tokio::spawn(async move {
             tokio::select! {
                 _ = term.recv() => {}
                 _ = int.recv() => {}
             }
-            error!("second signal: exiting at once");
+            if let Some(process) = process {
+                error!("second signal: SIGKILL to the manager process, and exiting at once");
+                process.kill_now();
+            } else {
+                error!("second signal: exiting at once");
+            }
             std::process::exit(130);
         });
         match self.shutdown().await {

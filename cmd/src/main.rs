@@ -38,15 +38,22 @@ enum LogFormat {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run the daemon.
-    Run(ConfigArgs),
+    /// Run the daemon. A command after `--` is run as the manager of each
+    /// cycle (the exec manager).
+    Run(RunArgs),
     /// Probe every remote once and print a table; exit 1 if any is
     /// unreachable.
     Check(ConfigArgs),
     /// Check the configuration and print what it means.
-    Validate(ConfigArgs),
+    Validate(RunArgs),
     /// Run against three simulated remotes; lose one and bring it back.
     Demo(DemoArgs),
+    /// Copy this binary to PATH, for an init container that adds tether to
+    /// another image (see docs/exec.md).
+    Install {
+        /// Where to put the binary, e.g. /tether/tether on a shared volume.
+        path: PathBuf,
+    },
 }
 
 #[derive(Debug, clap::Args)]
@@ -57,6 +64,16 @@ struct DemoArgs {
     /// Stop by itself after this long (e.g. `40s`); default: at Ctrl-C.
     #[arg(long, value_parser = tether::config::parse_duration)]
     duration: Option<std::time::Duration>,
+}
+
+#[derive(Debug, clap::Args)]
+struct RunArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+    /// The exec manager's command and its arguments, after `--`: run as
+    /// each cycle's manager, instead of the built-in watch manager.
+    #[arg(last = true, value_name = "COMMAND")]
+    command: Vec<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -118,6 +135,7 @@ fn main() -> ExitCode {
         Command::Check(args) => runtime.block_on(check(&args)),
         Command::Run(args) => runtime.block_on(run(&args)),
         Command::Demo(args) => runtime.block_on(demo(&args)),
+        Command::Install { path } => install(&path),
     };
     // A credential plugin that hangs keeps its blocking thread; dropping the
     // runtime would wait for it. Give the rest a moment, and leave it.
@@ -139,7 +157,7 @@ fn start_failed(err: &StartError) -> ExitCode {
     }
 }
 
-async fn run(args: &ConfigArgs) -> ExitCode {
+async fn run(args: &RunArgs) -> ExitCode {
     // Before anything slow: a SIGHUP during start must not end the process.
     let signals = match Signals::install() {
         Ok(signals) => signals,
@@ -148,10 +166,12 @@ async fn run(args: &ConfigArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let config = match load(args) {
+    let config = match load(&args.config).and_then(|c| c.with_command(args.command.clone())) {
         Ok(config) => config,
         Err(err) => return bad_input(&err),
     };
+    // As PID 1 in a container, orphans are ours to reap.
+    tether::reaper::start_if_init();
     match Daemon::start(config).await {
         Ok(daemon) => ExitCode::from(daemon.run_until_signalled(signals).await),
         Err(err) => start_failed(&err),
@@ -182,9 +202,36 @@ fn load(args: &ConfigArgs) -> Result<Config, ConfigError> {
     }
 }
 
-/// The config and every remote's kube config, or the exit for bad input.
-async fn load_with_remotes(args: &ConfigArgs) -> Result<(Config, Vec<ResolvedRemote>), ExitCode> {
-    let config = load(args).map_err(|err| bad_input(&err))?;
+/// `tether install PATH`: copies this binary to `PATH`, executable. An init
+/// container from tether's image (which has no shell and no `cp`) runs it
+/// to add tether to another image's container through a shared volume.
+fn install(to: &std::path::Path) -> ExitCode {
+    use std::os::unix::fs::PermissionsExt as _;
+    let copied = std::env::current_exe().and_then(|me| {
+        std::fs::copy(&me, to)?;
+        std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o755))
+    });
+    match copied {
+        Ok(()) => {
+            stdout::write(&format!("tether: installed at {}\n", to.display()));
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("tether: cannot install at {}: {err}", to.display());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The config, with the command given after `--`, and every remote's kube
+/// config; or the exit for bad input.
+async fn load_with_remotes(
+    args: &ConfigArgs,
+    command: &[String],
+) -> Result<(Config, Vec<ResolvedRemote>), ExitCode> {
+    let config = load(args)
+        .and_then(|c| c.with_command(command.to_vec()))
+        .map_err(|err| bad_input(&err))?;
     let remotes = remote::resolve(&config)
         .await
         .map_err(|err| bad_input(&err))?;
@@ -195,8 +242,8 @@ fn gate(required: bool) -> &'static str {
     if required { "required" } else { "optional" }
 }
 
-async fn validate(args: &ConfigArgs) -> ExitCode {
-    let (config, remotes) = match load_with_remotes(args).await {
+async fn validate(args: &RunArgs) -> ExitCode {
+    let (config, remotes) = match load_with_remotes(&args.config, &args.command).await {
         Ok(loaded) => loaded,
         Err(exit) => return exit,
     };
@@ -251,7 +298,12 @@ async fn validate(args: &ConfigArgs) -> ExitCode {
             let _ = writeln!(out, "    warning: {warning}");
         }
     }
-    let _ = writeln!(out, "watch:");
+    match &config.exec {
+        Some(exec) => write_exec(&mut out, exec),
+        None => {
+            let _ = writeln!(out, "manager: the built-in watch manager, caching:");
+        }
+    }
     for watch in &config.watch {
         let scope = watch
             .namespace
@@ -272,6 +324,39 @@ async fn validate(args: &ConfigArgs) -> ExitCode {
     }
     stdout::write(&out);
     ExitCode::SUCCESS
+}
+
+/// What the exec manager will run, and how it is stopped.
+fn write_exec(out: &mut String, exec: &tether::config::ExecSpec) {
+    let _ = writeln!(
+        out,
+        "manager: exec, a new process each cycle, in a process group of its own: {:?}",
+        exec.command
+    );
+    for (name, _) in &exec.env {
+        let _ = writeln!(out, "  env {name} (value not shown)");
+    }
+    if let Some(dir) = &exec.working_dir {
+        let _ = writeln!(out, "  working directory {}", dir.display());
+    }
+    let _ = writeln!(out, "  TETHER_CYCLE=<the cycle number> in its environment");
+    match &exec.readiness {
+        Some(r) => {
+            let _ = writeln!(
+                out,
+                "  up when GET http://127.0.0.1:{}{} answers 2xx (every {:?}, timeout {:?}); down after {} failures in a row",
+                r.port, r.path, r.period, r.timeout, r.failure_threshold
+            );
+        }
+        None => {
+            let _ = writeln!(out, "  up once started (no readiness check)");
+        }
+    }
+    let _ = writeln!(
+        out,
+        "  a cycle's end sends {} to the group, then SIGKILL after {:?}; the loss of any remote ends the cycle",
+        exec.stop_signal, exec.grace_period
+    );
 }
 
 /// The probe identities and the names each one answers for.
@@ -330,7 +415,7 @@ fn describe(result: &ProbeResult) -> (&'static str, String) {
 }
 
 async fn check(args: &ConfigArgs) -> ExitCode {
-    let (config, remotes) = match load_with_remotes(args).await {
+    let (config, remotes) = match load_with_remotes(args, &[]).await {
         Ok(loaded) => loaded,
         Err(exit) => return exit,
     };

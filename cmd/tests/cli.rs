@@ -105,6 +105,13 @@ fn every_config_mistake_exits_2_naming_the_file_and_the_field() {
         ("a CA file with no certificate", "remotes: [{name: a, server: \"https://h:6443\", caFile: token}]\n".to_owned(), "remotes[0].caFile: its certificate authority holds no certificate"),
         ("an invalid label selector", format!("{REMOTE}watch: [{{apiVersion: v1, kind: ConfigMap, labelSelector: \"app in x\"}}]\n"), "watch[0].labelSelector"),
         ("a kubeconfig that is a directory", "remotes: [{name: a, kubeconfig: .}]\n".to_owned(), "is a directory, not a file"),
+        ("an exec manager without a command", format!("{REMOTE}manager: {{exec: {{env: []}}}}\n"), "manager.exec.command"),
+        ("an exec manager and a watch list", format!("{REMOTE}watch: []\nmanager: {{exec: {{command: [x]}}}}\n"), "watch: does not go with manager.exec"),
+        ("an unknown stop signal", format!("{REMOTE}manager: {{exec: {{command: [x], stopSignal: SIGFOO}}}}\n"), "manager.exec.stopSignal"),
+        ("a grace period past the shutdown grace", format!("{REMOTE}manager: {{exec: {{command: [x], gracePeriod: 40s}}}}\n"), "manager.exec.gracePeriod"),
+        ("a readiness check without a port", format!("{REMOTE}manager: {{exec: {{command: [x], readiness: {{httpGet: {{path: /readyz}}}}}}}}\n"), "manager.exec.readiness.httpGet.port"),
+        ("an env entry without a name", format!("{REMOTE}manager: {{exec: {{command: [x], env: [{{value: v}}]}}}}\n"), "manager.exec.env[0].name"),
+        ("a working directory that is not one", format!("{REMOTE}manager: {{exec: {{command: [x], workingDir: token}}}}\n"), "manager.exec.workingDir"),
     ];
     for (what, yaml, field) in cases {
         let setup = Setup::new();
@@ -131,6 +138,68 @@ fn every_config_mistake_exits_2_naming_the_file_and_the_field() {
                 "{what}: printed something besides the error"
             );
         }
+    }
+}
+
+#[test]
+fn a_command_after_dashes_is_the_exec_manager_and_clashes_with_one_in_the_file() {
+    const REMOTE: &str = "remotes: [{name: a, server: \"https://10.0.0.7:6443\"}]\n";
+    let setup = Setup::new();
+    let file = setup.config(REMOTE);
+    let out = tether(&[
+        "validate",
+        "--config",
+        &file,
+        "--",
+        "/manager",
+        "--leader-elect=false",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains(r#"manager: exec, a new process each cycle, in a process group of its own: ["/manager", "--leader-elect=false"]"#),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("sends SIGTERM to the group, then SIGKILL after 20s"),
+        "{stdout}"
+    );
+
+    let file = setup.config(&format!(
+        "{REMOTE}manager: {{exec: {{command: [/manager], env: [{{name: TOKEN, value: s3cret}}]}}}}\n"
+    ));
+    let out = tether(&["validate", "--config", &file]);
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("env TOKEN (value not shown)"), "{stdout}");
+    assert!(
+        !stdout.contains("s3cret"),
+        "an env value reached the output: {stdout}"
+    );
+    // Settings from the file, the command after `--`, as the chart's second
+    // way runs it.
+    let other = Setup::new();
+    let settings = other.config(&format!(
+        "{REMOTE}manager: {{exec: {{readiness: {{httpGet: {{port: 8081, path: /readyz}}}}, gracePeriod: 5s}}}}\n"
+    ));
+    let out = tether(&["validate", "--config", &settings, "--", "/manager"]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        stdout.contains(r#"["/manager"]"#)
+            && stdout.contains("up when GET http://127.0.0.1:8081/readyz")
+            && stdout.contains("SIGKILL after 5s"),
+        "{stdout}"
+    );
+    for command in ["validate", "run"] {
+        let out = tether(&[command, "--config", &file, "--", "/other"]);
+        assert_eq!(out.status.code(), Some(2), "{command}");
+        let stderr = text(&out.stderr);
+        assert!(
+            stderr.contains(&file)
+                && stderr.contains("manager.exec")
+                && stderr.contains("after `--`"),
+            "{command}: {stderr}"
+        );
     }
 }
 

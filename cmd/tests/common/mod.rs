@@ -89,8 +89,27 @@ pub(crate) struct Tether {
     pub(crate) child: Child,
     pub(crate) admin: String,
     stderr: Arc<Mutex<String>>,
+    stdout: Arc<Mutex<String>>,
     _dir: tempfile::TempDir,
     pub(crate) config: std::path::PathBuf,
+}
+
+/// Collects what `pipe` gives, as text, until it closes.
+fn collect(mut pipe: impl tokio::io::AsyncRead + Unpin + Send + 'static) -> Arc<Mutex<String>> {
+    let text = Arc::new(Mutex::new(String::new()));
+    let sink = Arc::clone(&text);
+    tokio::spawn(async move {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = pipe.read(&mut buf).await {
+            if n == 0 {
+                return;
+            }
+            sink.lock()
+                .expect("not poisoned")
+                .push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    text
 }
 
 pub(crate) async fn remote(name: &str, tls: bool) -> ApiServer {
@@ -145,6 +164,11 @@ pub(crate) struct Shape<'a> {
     /// Runs tether under `ulimit` with these arguments, e.g. `-n 128`
     /// (soft and hard) or `-Sn 64` (soft only).
     pub(crate) ulimit: Option<&'a str>,
+    /// A `manager:` section (YAML, after `manager:`), in place of the watch
+    /// list: the exec manager.
+    pub(crate) manager: Option<&'a str>,
+    /// Runs tether under this command, e.g. `unshare --pid --fork`.
+    pub(crate) wrap: &'a [&'a str],
 }
 
 /// The test config (interval 1s, timeout 500ms, threshold 3, no jitter,
@@ -155,14 +179,20 @@ pub(crate) fn config_yaml_with(
     remotes: &[(&str, &ApiServer)],
     shape: &Shape<'_>,
 ) -> String {
+    let manager = match shape.manager {
+        Some(manager) => format!("manager: {manager}"),
+        None => format!(
+            "watch: {}",
+            shape.watch.unwrap_or("[{apiVersion: v1, kind: ConfigMap}]")
+        ),
+    };
     let mut yaml = format!(
         "admin: {{address: \"{admin}\", drainWindow: 1s}}\n\
          probe: {{interval: 1s, timeout: 500ms, failureThreshold: 3, jitter: 0.0{}}}\n\
          supervisor: {{backoff: {{initial: 1s, max: 4s, jitter: 0.0}}, shutdownGrace: 5s}}\n\
-         watch: {}\n\
+         {manager}\n\
          remotes:\n",
         shape.probe_extra,
-        shape.watch.unwrap_or("[{apiVersion: v1, kind: ConfigMap}]"),
     );
     for (name, server) in remotes {
         let path = match shape.kubeconfigs.iter().find(|(n, _)| n == name) {
@@ -208,9 +238,14 @@ impl Tether {
             config_yaml_with(dir.path(), &admin, remotes, shape),
         )
         .expect("config");
-        let mut command = match shape.ulimit {
-            None => Command::new(env!("CARGO_BIN_EXE_tether")),
-            Some(limit) => {
+        let mut command = match (shape.ulimit, shape.wrap) {
+            (None, []) => Command::new(env!("CARGO_BIN_EXE_tether")),
+            (None, [wrapper, args @ ..]) => {
+                let mut command = Command::new(wrapper);
+                command.args(args).arg(env!("CARGO_BIN_EXE_tether"));
+                command
+            }
+            (Some(limit), _) => {
                 let mut command = Command::new("sh");
                 command
                     .arg("-c")
@@ -225,29 +260,18 @@ impl Tether {
             .arg("--config")
             .arg(&config)
             .env("RUST_LOG", "info,kube_client::client::builder=off")
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
             .expect("tether starts");
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let mut pipe = child.stderr.take().expect("piped");
-        let sink = Arc::clone(&stderr);
-        tokio::spawn(async move {
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = pipe.read(&mut buf).await {
-                if n == 0 {
-                    return;
-                }
-                sink.lock()
-                    .expect("not poisoned")
-                    .push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        });
+        let stderr = collect(child.stderr.take().expect("piped"));
+        let stdout = collect(child.stdout.take().expect("piped"));
         Self {
             child,
             admin,
             stderr,
+            stdout,
             _dir: dir,
             config,
         }
@@ -255,6 +279,11 @@ impl Tether {
 
     pub(crate) fn logs(&self) -> String {
         self.stderr.lock().expect("not poisoned").clone()
+    }
+
+    /// What tether wrote on stdout: the exec manager's process writes there.
+    pub(crate) fn output(&self) -> String {
+        self.stdout.lock().expect("not poisoned").clone()
     }
 
     /// When the first log event after `since` that `matches` was written,

@@ -34,5 +34,14 @@ remote per Secret. */}}
 {{- $config := deepCopy .Values.config -}}
 {{- $_ := set $config "admin" (dict "address" (printf "0.0.0.0:%d" (int .Values.adminPort))) -}}
 {{- $_ := set $config "remotes" $remotes -}}
+{{- $exec := .Values.manager.exec -}}
+{{- if $exec.command -}}
+{{- $_ := unset $config "watch" -}}
+{{- $spec := dict "stopSignal" $exec.stopSignal "gracePeriod" $exec.gracePeriod -}}
+{{- if not $exec.image.repository }}{{ $_ := set $spec "command" $exec.command }}{{ end -}}
+{{- if $exec.env }}{{ $_ := set $spec "env" $exec.env }}{{ end -}}
+{{- if $exec.readiness }}{{ $_ := set $spec "readiness" $exec.readiness }}{{ end -}}
+{{- $_ := set $config "manager" (dict "exec" $spec) -}}
+{{- end -}}
 {{- toYaml $config -}}
 {{- end -}}

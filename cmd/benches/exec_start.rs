@@ -1,0 +1,101 @@
+//! What the exec manager adds to a child's start: from a cycle's start to
+//! the child running, against the same child spawned bare with tokio.
+//! `cargo bench -p tether --bench exec_start`.
+//!
+//! The child is `sh -c 'date +%s%N'`, which appends the wall-clock time it
+//! ran at to a file; both sides pay the same shell and `date` start, so the
+//! difference is tether's.
+
+// A benchmark measures wall-clock time; no paused clock here.
+#![allow(clippy::disallowed_methods)]
+
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use prometheus::Registry;
+use tether::config::ExecSpec;
+use tether::exec::ExecManager;
+use tether::manager::{Plan, WatchManager};
+use tether_probes::{ProbeConfig, ProbeSet};
+use tether_supervisor::{CycleToken, ManagerFactory, SupervisorConfig};
+use tokio_util::sync::CancellationToken;
+
+const ROUNDS: usize = 200;
+
+fn now_nanos() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("after 1970")
+        .as_nanos()
+}
+
+/// The last time the child wrote to `file`.
+fn child_ran_at(file: &Path) -> u128 {
+    let text = std::fs::read_to_string(file).expect("the child wrote");
+    text.lines()
+        .last()
+        .and_then(|l| l.trim().parse().ok())
+        .expect("nanoseconds")
+}
+
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let file = dir.path().join("ran");
+        let script = format!("date +%s%N >> {}", file.display());
+        let command = vec!["sh".to_owned(), "-c".to_owned(), script.clone()];
+
+        let mut bare = Vec::with_capacity(ROUNDS);
+        for _ in 0..ROUNDS {
+            let asked = now_nanos();
+            let status = tokio::process::Command::new("sh")
+                .args(["-c", &script])
+                .status()
+                .await
+                .expect("sh runs");
+            assert!(status.success());
+            bare.push(Duration::from_nanos(
+                u64::try_from(child_ran_at(&file) - asked).expect("small"),
+            ));
+        }
+
+        let registry = Registry::new();
+        let probes = ProbeSet::new(ProbeConfig::default(), &registry).expect("probes");
+        let watch = WatchManager::new(
+            &registry,
+            probes.handle(),
+            Plan::default(),
+            Duration::from_secs(1),
+        )
+        .expect("manager");
+        let manager = ExecManager::new(
+            &registry,
+            ExecSpec::of_command(command, &SupervisorConfig::default()),
+            watch.handle(),
+            probes.handle(),
+        )
+        .expect("exec manager");
+        let root = CancellationToken::new();
+        let mut supervised = Vec::with_capacity(ROUNDS);
+        for round in 0..ROUNDS {
+            let cycle = CycleToken::new(round as u64 + 1, &root);
+            let asked = now_nanos();
+            manager.run(cycle).await.expect("exits 0");
+            supervised.push(Duration::from_nanos(
+                u64::try_from(child_ran_at(&file) - asked).expect("small"),
+            ));
+        }
+
+        let (bare, supervised) = (median(bare), median(supervised));
+        println!("exec start, median of {ROUNDS}: bare tokio spawn to running {bare:?}, exec manager cycle start to running {supervised:?}, overhead {:?}", supervised.saturating_sub(bare));
+    });
+}

@@ -1,0 +1,489 @@
+//! The exec manager: tether runs a controller process as each cycle's
+//! manager, with a real client-go program (kubectl) as the controller.
+
+// Real processes: bounded polls with std's and tokio's real clocks.
+#![allow(clippy::disallowed_methods)]
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime};
+
+use common::{DEADLINE, Shape, Tether, free_port, remote};
+use serde_json::Value;
+use tether_testkit::{ApiServer, Fault};
+
+/// The test config's probes: interval 1s, timeout 500ms, 3 failures.
+const DETECTION_BOUND: Duration = Duration::from_millis(3_500);
+
+fn kubectl() -> String {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join("kubectl"))
+            .find(|candidate| candidate.is_file())
+    });
+    found
+        .unwrap_or_else(|| {
+            panic!(
+                "kubectl is not on PATH; install it (the kubectl binary from the Kubernetes release)"
+            )
+        })
+        .display()
+        .to_string()
+}
+
+/// A `manager:` section running `command` (a YAML flow list).
+fn exec(command: &str, extra: &str) -> String {
+    format!("{{exec: {{command: {command}{extra}}}}}")
+}
+
+fn start(server: &ApiServer, manager: &str) -> Tether {
+    Tether::start(
+        &[("a", server)],
+        &["--log-format", "json"],
+        &Shape {
+            manager: Some(manager),
+            ..Shape::default()
+        },
+    )
+}
+
+/// `/status.json`, or null while the admin server is not up yet.
+async fn status(tether: &Tether) -> Value {
+    match tether.get("/status.json").await {
+        Some((200, body)) => serde_json::from_str(&body).expect("status is JSON"),
+        _ => Value::Null,
+    }
+}
+
+/// Waits until `/status.json`'s process section satisfies `pred`.
+async fn until_process(tether: &Tether, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    let started = Instant::now();
+    loop {
+        let process = status(tether).await["process"].clone();
+        if pred(&process) {
+            return process;
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "the process never {what}: {process}\nlogs:\n{}",
+            tether.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits for the first log event after `since` that `matches`.
+async fn until_event(
+    tether: &Tether,
+    since: SystemTime,
+    matches: impl Fn(&Value) -> bool,
+) -> SystemTime {
+    let started = Instant::now();
+    loop {
+        if let Some(at) = tether.first_event(since, &matches) {
+            return at;
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "no such event; logs:\n{}",
+            tether.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn says(event: &Value, message: &str) -> bool {
+    event["fields"]["message"] == message
+}
+
+/// Whether `pid` still runs: gone, or a zombie, is not running.
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let (_, fields) = stat.rsplit_once(')')?;
+            fields.split_whitespace().next().map(|s| s != "Z")
+        })
+        .unwrap_or(false)
+}
+
+async fn until_file(path: &Path) -> String {
+    let started = Instant::now();
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path)
+            && text.ends_with('\n')
+        {
+            return text;
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "{} never appeared",
+            path.display()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_remote_stops_kubectl_and_a_new_kubectl_lists_again() {
+    // `slow=1h` leaves the watch open and silent, as a partition does: the
+    // case where kubectl itself would wait forever.
+    for fault in [
+        Fault::Slow(Duration::from_secs(3600)),
+        Fault::Hang,
+        Fault::Refuse,
+    ] {
+        let server = remote("a", true).await;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let kubeconfig = common::write_kubeconfig(dir.path(), "kubectl", &server);
+        let command = format!(
+            "[{}, --kubeconfig, {}, get, configmaps, -A, --watch, -o, name]",
+            kubectl(),
+            kubeconfig.display()
+        );
+        let tether = start(&server, &exec(&command, ", gracePeriod: 2s"));
+        let first = until_process(&tether, "started", |p| p["pid"].is_u64()).await["pid"].clone();
+        // kubectl's output passes through tether's stdout unchanged.
+        let listed = Instant::now();
+        while !tether.output().contains("configmap/cm-2") {
+            assert!(
+                listed.elapsed() < DEADLINE,
+                "kubectl never listed: {}",
+                tether.output()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tether.until_ready(true).await;
+
+        let struck = SystemTime::now();
+        server.set_fault(fault.clone()).await.expect("fault");
+        // Over a reset connection kubectl ends by itself, and the next one
+        // fails at once; over a silent one it would wait forever, and tether
+        // stops it. Either way the kubectl that ran is gone within the bound.
+        let first_pid = first.as_u64().expect("a pid");
+        let ended = until_event(&tether, struck, |e| {
+            e["fields"]["pid"].as_u64() == Some(first_pid)
+                && [
+                    "manager process stopped",
+                    "manager process failed",
+                    "manager process exited with code 0",
+                ]
+                .iter()
+                .any(|m| says(e, m))
+        })
+        .await;
+        let took = ended.duration_since(struck).expect("after the fault");
+        println!(
+            "{fault}: the running kubectl ended {took:?} after the loss (bound {DETECTION_BOUND:?} + gracePeriod 2s)"
+        );
+        assert!(
+            took < DETECTION_BOUND + Duration::from_secs(2),
+            "{fault}: kubectl ran on for {took:?}"
+        );
+        assert!(
+            !running(u32::try_from(first_pid).expect("a pid")),
+            "{fault}: the first kubectl outlived its cycle"
+        );
+        if matches!(fault, Fault::Slow(_)) {
+            let cause = tether
+                .logs()
+                .lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .find(|e| says(e, "cycle ended") && e["fields"]["cycle"] == 1)
+                .map(|e| e["fields"]["cause"].clone());
+            assert_eq!(
+                cause.as_ref().and_then(Value::as_str),
+                Some("remote_lost (remote a)"),
+                "tether, not kubectl, ended the silent watch"
+            );
+        }
+
+        let before = tether.output().matches("configmap/cm-2").count();
+        let back = SystemTime::now();
+        server.set_fault(Fault::Up).await.expect("up");
+        let relisted = Instant::now();
+        while tether.output().matches("configmap/cm-2").count() <= before {
+            assert!(
+                relisted.elapsed() < DEADLINE,
+                "{fault}: no new kubectl listed after recovery; logs:\n{}",
+                tether.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let now = until_process(&tether, "restarted", |p| p["pid"].is_u64()).await;
+        assert_ne!(now["pid"], first, "{fault}: a new kubectl, not the old one");
+        println!(
+            "{fault}: a new kubectl listed {:?} after the remote came back",
+            back.elapsed().expect("clock")
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_that_ignores_sigterm_is_killed_at_the_grace_period_with_its_grandchildren() {
+    let server = remote("a", false).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let pids = dir.path().join("pids");
+    // The child ignores SIGTERM, and so does the grandchild it forks.
+    let script = format!(
+        "trap '' TERM; (trap '' TERM; while :; do sleep 0.1; done) & echo $$ $! > {}; while :; do sleep 0.1; done",
+        pids.display()
+    );
+    let tether = start(
+        &server,
+        &exec(&format!("[sh, -c, \"{script}\"]"), ", gracePeriod: 2s"),
+    );
+    let text = until_file(&pids).await;
+    let (child, grandchild): (u32, u32) = {
+        let mut it = text.split_whitespace().map(|p| p.parse().expect("a pid"));
+        (it.next().expect("child"), it.next().expect("grandchild"))
+    };
+    assert!(running(child) && running(grandchild));
+
+    let struck = SystemTime::now();
+    server.set_fault(Fault::Refuse).await.expect("fault");
+    let ended = until_process(&tether, "was stopped", |p| p["lastExit"].is_string()).await;
+    assert_eq!(ended["lastExit"], "killed by SIGKILL", "{ended}");
+    assert_eq!(ended["lastExitStopped"], true);
+    let lost = tether
+        .first_event(struck, |e| says(e, "remote apiserver unreachable"))
+        .expect("the loss was logged");
+    let killed = tether
+        .first_event(struck, |e| {
+            says(
+                e,
+                "the manager process did not stop within its grace period; SIGKILL",
+            )
+        })
+        .expect("the SIGKILL was logged");
+    let took = killed.duration_since(lost).expect("after the loss");
+    println!("SIGTERM ignored: SIGKILL came {took:?} after the cycle ended (gracePeriod 2s)");
+    assert!(
+        took >= Duration::from_secs(2),
+        "killed before its grace period: {took:?}"
+    );
+    assert!(
+        took < Duration::from_secs(3),
+        "killed long after its grace period: {took:?}"
+    );
+    assert!(!running(child), "the child outlived its cycle");
+    assert!(!running(grandchild), "the grandchild outlived its cycle");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_that_exits_at_once_backs_off_and_says_how_it_ended() {
+    let server = remote("a", false).await;
+    let tether = start(&server, &exec("[sh, -c, \"exit 3\"]", ""));
+    tether
+        .until_metric("tether_manager_process_starts_total", ">= 4", |v| v >= 4.0)
+        .await;
+    let starts: Vec<SystemTime> = tether
+        .logs()
+        .lines()
+        .filter_map(|line| {
+            let event: Value = serde_json::from_str(line).ok()?;
+            let at: jiff::Timestamp = event["timestamp"].as_str()?.parse().ok()?;
+            says(&event, "manager process started").then(|| SystemTime::from(at))
+        })
+        .collect();
+    let gaps: Vec<Duration> = starts
+        .windows(2)
+        .map(|w| w[1].duration_since(w[0]).expect("in order"))
+        .collect();
+    println!("a child that exits at once is started again after {gaps:?}");
+    // Backoff 1s, 2s, 4s (no jitter in the test config): no storm.
+    for (gap, floor) in gaps.iter().zip([1_000, 2_000, 4_000]) {
+        assert!(
+            *gap >= Duration::from_millis(floor - 50),
+            "restarted after {gap:?}, before the backoff's {floor}ms: {gaps:?}"
+        );
+    }
+    assert!(
+        tether
+            .metric("tether_cycles_total{cause=\"manager_failed\"}")
+            .await
+            >= Some(3.0)
+    );
+    assert_eq!(
+        tether.metric("tether_manager_process_exit_code").await,
+        Some(3.0)
+    );
+    let process = status(&tether).await["process"].clone();
+    assert_eq!(process["lastExit"], "exit code 3");
+    assert_eq!(process["lastExitStopped"], false);
+    assert!(tether.logs().contains("exit code 3"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_binary_is_build_failed_and_names_the_path() {
+    let server = remote("a", false).await;
+    let tether = start(&server, &exec("[/nonexistent/controller, --flag]", ""));
+    tether
+        .until_metric("tether_cycles_total{cause=\"build_failed\"}", ">= 1", |v| {
+            v >= 1.0
+        })
+        .await;
+    let process = until_process(&tether, "failed to spawn", |p| p["spawnError"].is_string()).await;
+    let error = process["spawnError"].as_str().expect("a string");
+    assert!(
+        error.contains("/nonexistent/controller") && error.contains("No such file or directory"),
+        "{error}"
+    );
+    assert_eq!(
+        tether.metric("tether_manager_process_starts_total").await,
+        Some(0.0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_manager_is_up_only_once_the_childs_readiness_answers() {
+    let server = remote("a", false).await;
+    let port = free_port();
+    let python = "python3";
+    assert!(
+        std::process::Command::new(python)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success()),
+        "python3 is not on PATH: apt-get install python3"
+    );
+    // The child prints its cycle, then serves HTTP only after 2s.
+    let script = format!(
+        "echo cycle=$TETHER_CYCLE; sleep 2; exec {python} -m http.server {port} --bind 127.0.0.1"
+    );
+    let tether = start(
+        &server,
+        &exec(
+            &format!("[sh, -c, \"{script}\"]"),
+            &format!(", readiness: {{httpGet: {{port: {port}, path: /}}, period: 200ms}}"),
+        ),
+    );
+    until_process(&tether, "started", |p| p["pid"].is_u64()).await;
+    let listening = || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
+    let mut seen_down = false;
+    let started = Instant::now();
+    loop {
+        let up = tether.metric("tether_manager_up").await;
+        if up == Some(1.0) {
+            assert!(listening(), "up before the child's endpoint answered");
+            break;
+        }
+        if !listening() {
+            seen_down = true;
+        }
+        assert!(started.elapsed() < DEADLINE, "never up: {}", tether.logs());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        seen_down,
+        "the manager was seen down while its endpoint was closed"
+    );
+    tether.until_ready(true).await;
+    assert!(
+        tether.output().contains("cycle=1"),
+        "TETHER_CYCLE reaches the child: {}",
+        tether.output()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stops_the_child_and_exits_0_and_a_second_one_kills_it() {
+    let server = remote("a", false).await;
+    let mut tether = start(&server, &exec("[sleep, \"1000\"]", ", gracePeriod: 3s"));
+    let pid = until_process(&tether, "started", |p| p["pid"].is_u64()).await["pid"]
+        .as_u64()
+        .and_then(|p| u32::try_from(p).ok())
+        .expect("a pid");
+    tether
+        .terminates_cleanly_within(Duration::from_secs(5))
+        .await;
+    assert!(!running(pid), "the child outlived tether");
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ready = dir.path().join("ready");
+    let script = format!(
+        "trap '' TERM; echo $$ > {}; while :; do sleep 0.1; done",
+        ready.display()
+    );
+    let mut tether = start(
+        &server,
+        &exec(&format!("[sh, -c, \"{script}\"]"), ", gracePeriod: 4s"),
+    );
+    let pid: u32 = until_file(&ready).await.trim().parse().expect("a pid");
+    tether.signal("TERM");
+    // The first signal set the drain: wait for it, then the second.
+    tether.until_ready(false).await;
+    tether.signal("TERM");
+    assert_eq!(tether.wait().await.code(), Some(130), "{}", tether.logs());
+    assert!(!running(pid), "the second SIGTERM killed the child");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn as_pid_1_tether_reaps_an_orphaned_grandchild() {
+    assert!(
+        rustix::process::getuid().is_root(),
+        "this test needs root, for a PID namespace (CI runs as root)"
+    );
+    let server = remote("a", false).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let orphan = dir.path().join("orphan");
+    // The subshell forks a process and exits at once: the process is
+    // orphaned to PID 1, tether, and exits a second later.
+    let script = format!(
+        "(sh -c 'echo ok > {}; sleep 1' &); exec sleep 1000",
+        orphan.display()
+    );
+    let tether = Tether::start(
+        &[("a", &server)],
+        &[],
+        &Shape {
+            manager: Some(&exec(&format!("[sh, -c, \"{script}\"]"), "")),
+            wrap: &["unshare", "--pid", "--fork", "--kill-child", "--mount-proc"],
+            ..Shape::default()
+        },
+    );
+    until_file(&orphan).await;
+    let unshare = tether.child.id().expect("running");
+    let init = children(unshare)
+        .into_iter()
+        .next()
+        .expect("tether runs under unshare");
+    // The orphan was tether's child; once it exits, it must not stay a
+    // zombie.
+    let started = Instant::now();
+    loop {
+        let zombies: Vec<u32> = children(init)
+            .into_iter()
+            .filter(|p| !running(*p))
+            .collect();
+        let others = children(init).len();
+        if zombies.is_empty() && others == 1 && started.elapsed() > Duration::from_secs(1) {
+            break;
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "tether (pid 1) left zombies {zombies:?} among its {others} children; logs:\n{}",
+            tether.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The children of `parent`, from `/proc`.
+fn children(parent: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .expect("/proc")
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    let (_, fields) = stat.rsplit_once(')')?;
+                    fields.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(parent)
+        })
+        .collect()
+}
