@@ -435,10 +435,16 @@ async fn a_sighup_while_starting_does_not_end_the_process() {
         .expect("kill runs");
     assert!(status.success());
     // Every read of the CA, the start's and the reload's the SIGHUP asks
-    // for, gets it. (The writer waits for a reader in a thread of its own,
-    // which ends with the test process.)
+    // for, gets it. (The writer waits for a reader in a thread of its own.)
     let pem = a.ca_pem().expect("a CA");
-    std::thread::spawn(move || while std::fs::write(&ca, &pem).is_ok() {});
+    // A reader that opens the FIFO and closes it without reading (a
+    // readability check) breaks that write's pipe: write again. Stop only
+    // when the folder is gone, at the test's end.
+    std::thread::spawn(move || {
+        while std::fs::write(&ca, &pem)
+            .map_or_else(|e| e.kind() == std::io::ErrorKind::BrokenPipe, |()| true)
+        {}
+    });
 
     let started = Instant::now();
     loop {
