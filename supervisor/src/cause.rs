@@ -26,13 +26,15 @@ pub enum CauseKind {
     ManagerPanicked,
     /// Building the manager failed before it ran.
     BuildFailed,
+    /// This process may no longer build cycles: it lost the leadership.
+    LeadershipLost,
     /// The process is shutting down; no further cycle is built.
     Shutdown,
 }
 
 impl CauseKind {
     /// Every kind, in declaration order, so metrics can be pre-initialised.
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 10] = [
         Self::RemoteLost,
         Self::RemoteRecovered,
         Self::ConfigChanged,
@@ -41,6 +43,7 @@ impl CauseKind {
         Self::ManagerFailed,
         Self::ManagerPanicked,
         Self::BuildFailed,
+        Self::LeadershipLost,
         Self::Shutdown,
     ];
 
@@ -56,6 +59,7 @@ impl CauseKind {
             Self::ManagerFailed => "manager_failed",
             Self::ManagerPanicked => "manager_panicked",
             Self::BuildFailed => "build_failed",
+            Self::LeadershipLost => "leadership_lost",
             Self::Shutdown => "shutdown",
         }
     }
@@ -108,6 +112,8 @@ pub enum Cause {
         /// The error and its sources, joined with `: `.
         error: String,
     },
+    /// This process may no longer build cycles: it lost the leadership.
+    LeadershipLost,
     /// The process is shutting down.
     Shutdown,
 }
@@ -141,6 +147,7 @@ impl Cause {
             Self::ManagerFailed { .. } => CauseKind::ManagerFailed,
             Self::ManagerPanicked { .. } => CauseKind::ManagerPanicked,
             Self::BuildFailed { .. } => CauseKind::BuildFailed,
+            Self::LeadershipLost => CauseKind::LeadershipLost,
             Self::Shutdown => CauseKind::Shutdown,
         }
     }
@@ -158,7 +165,9 @@ impl fmt::Display for Cause {
             }
             Self::ManagerPanicked { message } => write!(f, "{kind}: {message}"),
             Self::TransitionsMissed { count } => write!(f, "{kind} ({count} dropped)"),
-            Self::ConfigChanged | Self::ManagerExited | Self::Shutdown => kind.fmt(f),
+            Self::ConfigChanged | Self::ManagerExited | Self::LeadershipLost | Self::Shutdown => {
+                kind.fmt(f)
+            }
         }
     }
 }

@@ -19,6 +19,8 @@ pub enum Phase {
     Running,
     /// Between cycles, waiting out the backoff.
     BackingOff,
+    /// Not allowed to build cycles (another replica leads); waiting.
+    Standby,
     /// Shutdown was requested; the last manager is given its grace period.
     ShuttingDown,
     /// The loop has returned.
@@ -189,6 +191,15 @@ impl State {
         status.manager_up = up;
         self.metrics.manager_up.set(i64::from(up));
         true
+    }
+
+    pub(crate) fn standby(&self) {
+        let status = &mut self.lock().status;
+        status.phase = Phase::Standby;
+        status.manager_up = false;
+        status.backoff = None;
+        self.metrics.manager_up.set(0);
+        self.metrics.backoff_seconds.set(0.0);
     }
 
     pub(crate) fn shutting_down(&self) {

@@ -9,6 +9,7 @@ use std::time::Duration;
 use futures_util::stream::{self, BoxStream, Fuse, SelectAll};
 use futures_util::{FutureExt as _, Stream, StreamExt as _};
 use prometheus::Registry;
+use tokio::sync::watch;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, debug, error, info, info_span, warn};
@@ -141,6 +142,17 @@ impl SupervisorHandle {
     }
 }
 
+/// Resolves when `gate` holds `false`; never without a gate.
+async fn closed(gate: Option<&mut watch::Receiver<bool>>) {
+    match gate {
+        None => std::future::pending().await,
+        Some(gate) => {
+            // A dropped sender leaves the last value.
+            let _ = gate.wait_for(|open| !open).await;
+        }
+    }
+}
+
 /// Every source of remote signals, merged.
 type Signals = Fuse<SelectAll<BoxStream<'static, RemoteSignal>>>;
 
@@ -151,6 +163,7 @@ pub struct Supervisor<F> {
     config: SupervisorConfig,
     state: Arc<State>,
     signals: Vec<BoxStream<'static, RemoteSignal>>,
+    gate: Option<watch::Receiver<bool>>,
 }
 
 impl<F> std::fmt::Debug for Supervisor<F> {
@@ -186,7 +199,18 @@ impl<F: ManagerFactory> Supervisor<F> {
             config,
             state: Arc::new(State::new(metrics)),
             signals: Vec::new(),
+            gate: None,
         })
+    }
+
+    /// Builds cycles only while `gate` holds `true`: a leader election's
+    /// verdict. While it is `false`, no cycle runs and the loop waits (the
+    /// phase is `Standby`). When it turns `false` during a cycle, the cycle
+    /// ends with `leadership_lost` at once, whatever the manager does.
+    #[must_use]
+    pub fn build_while(mut self, gate: watch::Receiver<bool>) -> Self {
+        self.gate = Some(gate);
+        self
     }
 
     /// Ends cycles on `signals`: a remote lost or recovered, or signals
@@ -240,12 +264,14 @@ impl<F: ManagerFactory> Supervisor<F> {
             config,
             state,
             signals,
+            gate,
         } = self;
         let mut signals = stream::select_all(signals).fuse();
         Looper {
             factory,
             config,
             state,
+            gate,
         }
         .cycles(&root, &mut signals)
         .instrument(info_span!("supervisor"))
@@ -259,13 +285,14 @@ struct Looper<F> {
     factory: F,
     config: SupervisorConfig,
     state: Arc<State>,
+    gate: Option<watch::Receiver<bool>>,
 }
 
 impl<F: ManagerFactory> Looper<F> {
     async fn cycles(&self, root: &CancellationToken, signals: &mut Signals) -> ShutdownOutcome {
         let mut backoff = Backoff::new(self.config.backoff);
         for number in 1.. {
-            if root.is_cancelled() {
+            if root.is_cancelled() || !self.until_open(root).await {
                 break;
             }
             // What was signalled before this cycle is not news to it.
@@ -300,7 +327,7 @@ impl<F: ManagerFactory> Looper<F> {
                 return outcome;
             }
 
-            if lifetime >= self.config.stable_after {
+            if lifetime >= self.config.stable_after || cause.kind() == CauseKind::LeadershipLost {
                 backoff.reset();
             }
             let wait = backoff.next_delay();
@@ -331,6 +358,38 @@ impl<F: ManagerFactory> Looper<F> {
         ShutdownOutcome::Clean
     }
 
+    /// Waits until the gate is open (at once without one), beating the
+    /// heartbeat; `false` if `root` was cancelled first.
+    async fn until_open(&self, root: &CancellationToken) -> bool {
+        let Some(gate) = &self.gate else {
+            return true;
+        };
+        let mut gate = gate.clone();
+        if *gate.borrow_and_update() {
+            return true;
+        }
+        self.state.standby();
+        info!("standing by: this replica does not lead");
+        self.beat_while(async {
+            loop {
+                tokio::select! {
+                    () = root.cancelled() => return false,
+                    changed = gate.changed() => {
+                        // A closed gate never opens again.
+                        if changed.is_err() {
+                            root.cancelled().await;
+                            return false;
+                        }
+                        if *gate.borrow_and_update() {
+                            return true;
+                        }
+                    }
+                }
+            }
+        })
+        .await
+    }
+
     /// Runs one manager to its end, and leaves `cycle` cancelled with a cause.
     async fn run_cycle(
         &self,
@@ -339,6 +398,7 @@ impl<F: ManagerFactory> Looper<F> {
         signals: &mut Signals,
     ) -> CycleEnd {
         let mut run = pin!(AssertUnwindSafe(self.factory.run(cycle.clone())).catch_unwind());
+        let mut gate = self.gate.clone();
         let finished = self
             .beat_while(async {
                 loop {
@@ -346,6 +406,12 @@ impl<F: ManagerFactory> Looper<F> {
                         biased;
                         out = &mut run => return Some(out),
                         () = root.cancelled() => return None,
+                        () = closed(gate.as_mut()) => {
+                            if cycle.cancel(Cause::LeadershipLost) {
+                                warn!("leadership lost: ending the cycle");
+                            }
+                            gate = None;
+                        }
                         Some(signal) = signals.next() => self.on_signal(cycle, signal),
                     }
                 }

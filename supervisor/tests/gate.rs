@@ -1,0 +1,87 @@
+//! Leadership as an input of the supervisor: cycles are built only while the
+//! gate is open, and closing it ends the running cycle with
+//! `leadership_lost`, whatever the manager does. On tokio's paused clock.
+
+use prometheus::Registry;
+use tether_supervisor::{
+    Cause, CauseKind, CycleToken, ManagerError, ManagerFactory, Phase, ShutdownOutcome, Supervisor,
+    SupervisorConfig,
+};
+use tokio::sync::{mpsc, watch};
+use tokio::time::timeout;
+use tokio_util::sync::CancellationToken;
+
+/// Far longer than any schedule here, on the paused clock.
+const DEADLOCK: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// A manager that reports each cycle and runs until cancelled.
+struct Reporting(mpsc::UnboundedSender<CycleToken>);
+
+impl ManagerFactory for Reporting {
+    async fn run(&self, cycle: CycleToken) -> Result<(), ManagerError> {
+        cycle.set_manager_up(true);
+        let _ = self.0.send(cycle.clone());
+        cycle.cancelled().await;
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn cycles_run_only_while_the_gate_is_open_and_its_closing_ends_one() {
+    let (cycles_tx, mut cycles) = mpsc::unbounded_channel();
+    let (gate_tx, gate) = watch::channel(false);
+    let supervisor = Supervisor::new(
+        Reporting(cycles_tx),
+        SupervisorConfig::default(),
+        &Registry::new(),
+    )
+    .expect("valid")
+    .build_while(gate);
+    let handle = supervisor.handle();
+    let root = CancellationToken::new();
+    let run = tokio::spawn(supervisor.run(root.clone()));
+
+    // Closed: a minute passes with no cycle, standing by.
+    tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+    assert!(
+        cycles.try_recv().is_err(),
+        "a cycle ran while the gate was closed"
+    );
+    assert_eq!(handle.status().phase, Phase::Standby);
+    assert!(!handle.status().manager_up);
+
+    gate_tx.send_replace(true);
+    let first = timeout(DEADLOCK, cycles.recv())
+        .await
+        .expect("built")
+        .expect("a cycle");
+    assert_eq!(first.number(), 1);
+
+    gate_tx.send_replace(false);
+    timeout(DEADLOCK, first.cancelled())
+        .await
+        .expect("the closing ends the cycle");
+    assert_eq!(
+        first.cause().map(Cause::kind),
+        Some(CauseKind::LeadershipLost)
+    );
+    tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+    assert!(
+        cycles.try_recv().is_err(),
+        "a cycle was built after the leadership was lost"
+    );
+    assert_eq!(handle.status().phase, Phase::Standby);
+    assert_eq!(
+        handle.status().ended.get(&CauseKind::LeadershipLost),
+        Some(&1)
+    );
+
+    gate_tx.send_replace(true);
+    let second = timeout(DEADLOCK, cycles.recv())
+        .await
+        .expect("built")
+        .expect("a cycle");
+    assert_eq!(second.number(), 2);
+    root.cancel();
+    assert_eq!(run.await.expect("joins"), ShutdownOutcome::Clean);
+}
