@@ -79,7 +79,7 @@ fn main() {
         .expect("manager");
         let manager = ExecManager::new(
             &registry,
-            ExecSpec::of_command(command, &SupervisorConfig::default()),
+            ExecSpec::of_command(command, &SupervisorConfig::default(), None),
             watch.handle(),
             probes.handle(),
         )

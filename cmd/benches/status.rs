@@ -71,6 +71,7 @@ fn main() {
                 probes: probes.handle(),
                 manager: manager_handle,
                 process: None,
+                election: None,
                 draining: Arc::new(AtomicBool::new(false)),
             },
             Heartbeats {

@@ -27,6 +27,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
+use crate::election::ElectionHandle;
 use crate::exec::ProcessHandle;
 use crate::manager::ManagerHandle;
 
@@ -41,6 +42,8 @@ pub struct Sources {
     pub manager: ManagerHandle,
     /// The exec manager's process, when the manager is one.
     pub process: Option<ProcessHandle>,
+    /// The leader election, when on.
+    pub election: Option<ElectionHandle>,
     /// Set once at shutdown; never cleared.
     pub draining: Arc<AtomicBool>,
 }
@@ -85,6 +88,54 @@ fn text(value: Option<&str>) -> String {
     value.map_or_else(|| "—".to_owned(), escape)
 }
 
+/// The leader election's table on `/status`.
+fn write_election(html: &mut String, election: Option<&ElectionView>) {
+    if let Some(e) = election {
+        let _ = write!(
+            html,
+            "<h2>Leader election</h2><table>\
+             <tr><th>role</th><td>{}</td></tr><tr><th>this replica</th><td>{}</td></tr>\
+             <tr><th>holder</th><td>{}</td></tr><tr><th>lease</th><td>{}</td></tr>\
+             <tr><th>last error</th><td>{}</td></tr></table>",
+            e.role,
+            escape(&e.identity),
+            text(Some(e.holder.as_str()).filter(|h| !h.is_empty())),
+            escape(&e.lease),
+            text(e.last_error.as_deref()),
+        );
+    }
+}
+
+/// The exec manager's process's table on `/status`.
+fn write_process(html: &mut String, process: Option<&ProcessView>) {
+    if let Some(p) = process {
+        let last = p.last_exit.as_deref().map(|how| {
+            let by = if p.last_exit_stopped == Some(true) {
+                "stopped by tether"
+            } else {
+                "ended by itself"
+            };
+            format!(
+                "{how} ({by}, cycle {}, {} s ago)",
+                p.last_exit_cycle.unwrap_or_default(),
+                seconds(p.last_exit_seconds_ago)
+            )
+        });
+        let _ = write!(
+            html,
+            "<h2>Manager process</h2><table>\
+             <tr><th>command</th><td><code>{}</code></td></tr><tr><th>pid</th><td>{}</td></tr>\
+             <tr><th>running (s)</th><td>{}</td></tr><tr><th>last exit</th><td>{}</td></tr>\
+             <tr><th>spawn error</th><td>{}</td></tr></table>",
+            escape(&p.command.join(" ")),
+            p.pid.map_or_else(|| "—".to_owned(), |pid| pid.to_string()),
+            seconds(p.running_seconds),
+            text(last.as_deref()),
+            text(p.spawn_error.as_deref()),
+        );
+    }
+}
+
 /// Seconds to two decimals, or a dash.
 fn seconds(value: Option<f64>) -> String {
     value.map_or_else(|| "—".to_owned(), |s| format!("{s:.2}"))
@@ -104,6 +155,24 @@ pub struct StatusView {
     pub remotes: Vec<RemoteView>,
     /// The exec manager's process, when the manager is one.
     pub process: Option<ProcessView>,
+    /// The leader election, when on.
+    pub election: Option<ElectionView>,
+}
+
+/// The leader election, as the status page shows it.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ElectionView {
+    /// `leader` or `standby`.
+    pub role: &'static str,
+    /// This replica's identity.
+    pub identity: String,
+    /// The holder last seen on the Lease; empty when free.
+    pub holder: String,
+    /// `namespace/name`.
+    pub lease: String,
+    /// Why the last try failed, if it did.
+    pub last_error: Option<String>,
 }
 
 /// The exec manager's process, as the status page shows it.
@@ -262,6 +331,25 @@ impl Admin {
     pub fn readyz(&self) -> (u16, String) {
         let draining = self.sources.draining.load(Ordering::SeqCst);
         let status = self.sources.supervisor.status();
+        // A follower is healthy and ready to take over: ready, standing by.
+        let standby = self
+            .sources
+            .election
+            .as_ref()
+            .map(ElectionHandle::state)
+            .filter(|e| !e.leading);
+        if let Some(election) = standby.filter(|_| !draining) {
+            self.ready.set(1);
+            let holder = if election.holder.is_empty() {
+                "none yet".to_owned()
+            } else {
+                election.holder
+            };
+            return (
+                200,
+                format!("[+]not draining\n[+]standby (leader: {holder})\nreadyz check passed\n"),
+            );
+        }
         let ready = !draining && status.manager_up;
         let mark = |ok: bool| if ok { '+' } else { '-' };
         let verdict = if ready {
@@ -342,6 +430,16 @@ impl Admin {
                     .collect(),
             },
             remotes,
+            election: self.sources.election.as_ref().map(|election| {
+                let state = election.state();
+                ElectionView {
+                    role: if state.leading { "leader" } else { "standby" },
+                    identity: state.identity,
+                    holder: state.holder,
+                    lease: state.lease,
+                    last_error: state.last_error,
+                }
+            }),
             process: self.sources.process.as_ref().map(|process| {
                 let state = process.state();
                 let last = state.last_exit.as_ref();
@@ -388,32 +486,8 @@ impl Admin {
             seconds(s.backoff_seconds),
             status.draining,
         );
-        if let Some(p) = &status.process {
-            let last = p.last_exit.as_deref().map(|how| {
-                let by = if p.last_exit_stopped == Some(true) {
-                    "stopped by tether"
-                } else {
-                    "ended by itself"
-                };
-                format!(
-                    "{how} ({by}, cycle {}, {} s ago)",
-                    p.last_exit_cycle.unwrap_or_default(),
-                    seconds(p.last_exit_seconds_ago)
-                )
-            });
-            let _ = write!(
-                html,
-                "<h2>Manager process</h2><table>\
-                 <tr><th>command</th><td><code>{}</code></td></tr><tr><th>pid</th><td>{}</td></tr>\
-                 <tr><th>running (s)</th><td>{}</td></tr><tr><th>last exit</th><td>{}</td></tr>\
-                 <tr><th>spawn error</th><td>{}</td></tr></table>",
-                escape(&p.command.join(" ")),
-                p.pid.map_or_else(|| "—".to_owned(), |pid| pid.to_string()),
-                seconds(p.running_seconds),
-                text(last.as_deref()),
-                text(p.spawn_error.as_deref()),
-            );
-        }
+        write_election(&mut html, status.election.as_ref());
+        write_process(&mut html, status.process.as_ref());
         html.push_str(
             "<h2>Remotes</h2><table><tr><th>remote</th><th>host</th><th>gates readiness</th><th>state</th><th>failures</th>\
              <th>last cause</th><th>last error</th><th>local error</th><th>last transition (s ago)</th><th>latency (s)</th>\

@@ -149,14 +149,18 @@ pub struct ExecSpec {
 impl ExecSpec {
     /// The spec of a bare command: the defaults for everything else.
     #[must_use]
-    pub fn of_command(command: Vec<String>, supervisor: &SupervisorConfig) -> Self {
+    pub fn of_command(
+        command: Vec<String>,
+        supervisor: &SupervisorConfig,
+        election: Option<&LeaderElectionSpec>,
+    ) -> Self {
         Self {
             command,
             env: Vec::new(),
             working_dir: None,
             readiness: None,
             stop_signal: "SIGTERM",
-            grace_period: default_grace_period(supervisor),
+            grace_period: default_grace_period(supervisor, election),
         }
     }
 
@@ -175,8 +179,45 @@ impl ExecSpec {
 /// shorter shutdown grace shortens it too).
 const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(20);
 
-fn default_grace_period(supervisor: &SupervisorConfig) -> Duration {
-    DEFAULT_GRACE_PERIOD.min(supervisor.shutdown_grace * 2 / 3)
+/// 20s, or less so that a stop fits: in two thirds of the shutdown grace,
+/// and, with leader election, in the fence's margin (leaseDuration -
+/// renewDeadline).
+fn default_grace_period(
+    supervisor: &SupervisorConfig,
+    election: Option<&LeaderElectionSpec>,
+) -> Duration {
+    let fits = DEFAULT_GRACE_PERIOD.min(supervisor.shutdown_grace * 2 / 3);
+    election.map_or(fits, |e| fits.min(e.fence_margin()))
+}
+
+/// Leader election on a Lease, as client-go's `leaderelection` runs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaderElectionSpec {
+    /// The Lease's name.
+    pub lease_name: String,
+    /// Its namespace; `None`: the pod's.
+    pub lease_namespace: Option<String>,
+    /// This replica's holder identity; `None`: `$POD_NAME`, else the
+    /// hostname.
+    pub identity: Option<String>,
+    /// How long a holder's claim lasts after its last renewal.
+    pub lease_duration: Duration,
+    /// How long a leader keeps trying to renew before it gives up: its fence.
+    pub renew_deadline: Duration,
+    /// How often to try.
+    pub retry_period: Duration,
+    /// The kubeconfig of the cluster that holds the Lease; `None`:
+    /// in-cluster, else the current context.
+    pub kubeconfig: Option<PathBuf>,
+}
+
+impl LeaderElectionSpec {
+    /// How long a leader that gave up at `renewDeadline` has to stop its
+    /// manager before another replica can take the Lease.
+    #[must_use]
+    pub fn fence_margin(&self) -> Duration {
+        self.lease_duration.saturating_sub(self.renew_deadline)
+    }
 }
 
 /// The validated configuration.
@@ -201,6 +242,8 @@ pub struct Config {
     pub exec: Option<ExecSpec>,
     /// The command given after `--`, kept so that a reload applies it again.
     pub command_line: Vec<String>,
+    /// Leader election, when on.
+    pub leader_election: Option<LeaderElectionSpec>,
 }
 
 // The file's shape. Everything optional is defaulted in `validate`, so that
@@ -215,6 +258,20 @@ struct RawConfig {
     remotes: Option<Vec<RawRemote>>,
     watch: Option<Vec<RawWatch>>,
     manager: Option<RawManager>,
+    leader_election: Option<RawLeaderElection>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawLeaderElection {
+    enabled: Option<bool>,
+    lease_name: Option<String>,
+    lease_namespace: Option<String>,
+    identity: Option<String>,
+    lease_duration: Option<String>,
+    renew_deadline: Option<String>,
+    retry_period: Option<String>,
+    kubeconfig: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -638,7 +695,73 @@ impl Checker<'_> {
             })
     }
 
-    fn exec(&self, raw: RawExec, supervisor: &SupervisorConfig) -> Result<ExecSpec, ConfigError> {
+    fn leader_election(
+        &self,
+        raw: RawLeaderElection,
+    ) -> Result<Option<LeaderElectionSpec>, ConfigError> {
+        if !raw.enabled.unwrap_or(false) {
+            return Ok(None);
+        }
+        let field = |name: &str| format!("leaderElection.{name}");
+        let lease_name = raw.lease_name.unwrap_or_else(|| "tether".to_owned());
+        if !valid_name(&lease_name) {
+            return Err(self.error(
+                field("leaseName"),
+                format!(
+                    "{lease_name:?} is not a Lease name (lower-case letters, digits, '-', '.')"
+                ),
+            ));
+        }
+        let optional = |value: Option<String>| value.filter(|v| !v.is_empty());
+        let lease_duration = self.duration(
+            &field("leaseDuration"),
+            raw.lease_duration.as_ref(),
+            Duration::from_secs(15),
+        )?;
+        let renew_deadline = self.duration(
+            &field("renewDeadline"),
+            raw.renew_deadline.as_ref(),
+            Duration::from_secs(10),
+        )?;
+        let retry_period = self.duration(
+            &field("retryPeriod"),
+            raw.retry_period.as_ref(),
+            Duration::from_secs(2),
+        )?;
+        if retry_period.is_zero() {
+            return Err(self.error(field("retryPeriod"), "must be above 0"));
+        }
+        if renew_deadline <= retry_period {
+            return Err(self.error(
+                field("renewDeadline"),
+                format!("{renew_deadline:?} must be longer than retryPeriod ({retry_period:?})"),
+            ));
+        }
+        if lease_duration <= renew_deadline {
+            return Err(self.error(
+                field("leaseDuration"),
+                format!("{lease_duration:?} must be longer than renewDeadline ({renew_deadline:?}), so a leader that lost its Lease has stopped before another takes it"),
+            ));
+        }
+        Ok(Some(LeaderElectionSpec {
+            lease_name,
+            lease_namespace: optional(raw.lease_namespace),
+            identity: optional(raw.identity),
+            lease_duration,
+            renew_deadline,
+            retry_period,
+            kubeconfig: optional(raw.kubeconfig)
+                .map(|path| self.existing_file(&field("kubeconfig"), &path))
+                .transpose()?,
+        }))
+    }
+
+    fn exec(
+        &self,
+        raw: RawExec,
+        supervisor: &SupervisorConfig,
+        election: Option<&LeaderElectionSpec>,
+    ) -> Result<ExecSpec, ConfigError> {
         // Empty: it must come after `--` on the command line
         // (`with_command`).
         let command = raw.command.unwrap_or_default();
@@ -688,7 +811,7 @@ impl Checker<'_> {
         let grace_period = self.duration(
             "manager.exec.gracePeriod",
             raw.grace_period.as_ref(),
-            default_grace_period(supervisor),
+            default_grace_period(supervisor, election),
         )?;
         if grace_period >= supervisor.shutdown_grace {
             return Err(self.error(
@@ -868,11 +991,27 @@ impl Config {
         let probe = check.probe(raw.probe.unwrap_or_default())?;
         let supervisor = check.supervisor(raw.supervisor.unwrap_or_default())?;
         let remotes = check.remotes(raw.remotes.unwrap_or_default())?;
+        let leader_election = check.leader_election(raw.leader_election.unwrap_or_default())?;
         let exec = raw
             .manager
             .and_then(|m| m.exec)
-            .map(|exec| check.exec(exec, &supervisor))
+            .map(|exec| check.exec(exec, &supervisor, leader_election.as_ref()))
             .transpose()?;
+        if let (Some(exec), Some(election)) = (&exec, &leader_election) {
+            // The fence: a leader that stops renewing gives up at
+            // renewDeadline, and its process must be gone before another
+            // replica can take the Lease, at leaseDuration.
+            let margin = election.fence_margin();
+            if exec.grace_period > margin {
+                return Err(check.error(
+                    "manager.exec.gracePeriod",
+                    format!(
+                        "{:?} must be at most leaderElection.leaseDuration - renewDeadline ({margin:?}), so that a leader that lost its Lease has stopped its process before another replica can take it",
+                        exec.grace_period
+                    ),
+                ));
+            }
+        }
         // Absent: the default. An explicit empty list watches nothing. The
         // exec manager watches nothing itself.
         let watch = match (raw.watch, &exec) {
@@ -896,6 +1035,7 @@ impl Config {
             watch,
             exec,
             command_line: Vec::new(),
+            leader_election,
         })
     }
 
@@ -917,6 +1057,7 @@ impl Config {
             watch: default_watch(),
             exec: None,
             command_line: Vec::new(),
+            leader_election: None,
         }
     }
 
@@ -960,7 +1101,11 @@ impl Config {
                         format!("configures the built-in watch manager, {clash}"),
                     ));
                 }
-                self.exec = Some(ExecSpec::of_command(command.clone(), &self.supervisor));
+                self.exec = Some(ExecSpec::of_command(
+                    command.clone(),
+                    &self.supervisor,
+                    self.leader_election.as_ref(),
+                ));
             }
         }
         self.watch = Vec::new();

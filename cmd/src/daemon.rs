@@ -20,6 +20,7 @@ use tracing::{error, info, warn};
 
 use crate::admin::{self, Admin, Heartbeats, Sources};
 use crate::config::{Config, ConfigError};
+use crate::election::{self, Election, ElectionHandle};
 use crate::exec::{ExecManager, ProcessHandle};
 use crate::manager::{ManagerHandle, Plan, WatchManager};
 use crate::remote;
@@ -89,6 +90,8 @@ pub struct Daemon {
     pub manager: ManagerHandle,
     /// The exec manager's process, when the manager is one.
     pub process: Option<ProcessHandle>,
+    /// The leader election, when on.
+    pub election: Option<ElectionHandle>,
     /// The admin server's address.
     pub admin_address: SocketAddr,
     config: Config,
@@ -98,6 +101,8 @@ pub struct Daemon {
     reloads: IntCounterVec,
     run: JoinHandle<ShutdownOutcome>,
     admin_stop: CancellationToken,
+    /// The election's task, its stop, and the election, for the release.
+    elected: Option<(Arc<Election>, CancellationToken, JoinHandle<()>)>,
 }
 
 /// The manager `config` asks for, the built-in watch manager's handle (the
@@ -127,6 +132,47 @@ fn build_manager(
             (Manager::Exec(exec), handle, Some(process))
         }
     })
+}
+
+/// `tether_config_reloads_total`, both results exported from the start.
+fn reload_counter(registry: &Registry) -> prometheus::Result<IntCounterVec> {
+    let reloads = IntCounterVec::new(
+        Opts::new(
+            "tether_config_reloads_total",
+            "Config reloads, by result (applied or rejected).",
+        ),
+        &["result"],
+    )?;
+    for result in ["applied", "rejected"] {
+        reloads.with_label_values(&[result]);
+    }
+    registry.register(Box::new(reloads.clone()))?;
+    Ok(reloads)
+}
+
+/// The leader election `config` asks for, if any. A Lease namespace that
+/// cannot be known is a config error.
+async fn start_election(
+    config: &Config,
+    registry: &Registry,
+) -> Result<Option<Arc<Election>>, StartError> {
+    let Some(spec) = &config.leader_election else {
+        return Ok(None);
+    };
+    let election = Election::new(spec.clone(), registry)
+        .await
+        .map_err(|err| match err {
+            election::Error::NoNamespace => StartError::Config(ConfigError {
+                file: config.label(),
+                field: "leaderElection.leaseNamespace".to_owned(),
+                message: "is required outside a pod".to_owned(),
+            }),
+            other => StartError::Setup {
+                what: "leader election",
+                source: other.into(),
+            },
+        })?;
+    Ok(Some(Arc::new(election)))
 }
 
 fn setup<E: Into<BoxError>>(what: &'static str) -> impl Fn(E) -> StartError {
@@ -164,20 +210,7 @@ impl Daemon {
                 prometheus::process_collector::ProcessCollector::for_self(),
             ))
             .map_err(setup("process metrics"))?;
-        let reloads = IntCounterVec::new(
-            Opts::new(
-                "tether_config_reloads_total",
-                "Config reloads, by result (applied or rejected).",
-            ),
-            &["result"],
-        )
-        .map_err(setup("reload metrics"))?;
-        for result in ["applied", "rejected"] {
-            reloads.with_label_values(&[result]);
-        }
-        registry
-            .register(Box::new(reloads.clone()))
-            .map_err(setup("reload metrics"))?;
+        let reloads = reload_counter(&registry).map_err(setup("reload metrics"))?;
 
         let probe_set = ProbeSet::new(config.probe.clone(), &registry).map_err(setup("probes"))?;
         probe_set
@@ -187,9 +220,14 @@ impl Daemon {
         let (manager, manager_handle, process) =
             build_manager(&config, remotes, &registry, &probes)
                 .map_err(setup("manager metrics"))?;
-        let supervisor = Supervisor::new(manager, config.supervisor, &registry)
+        let election = start_election(&config, &registry).await?;
+        let election_handle = election.as_ref().map(|e| e.handle());
+        let mut supervisor = Supervisor::new(manager, config.supervisor, &registry)
             .map_err(setup("supervisor"))?
             .end_cycles_on(probes.signals());
+        if let Some(handle) = &election_handle {
+            supervisor = supervisor.build_while(handle.gate());
+        }
         let supervisor_handle = supervisor.handle();
         let draining = Arc::new(AtomicBool::new(false));
         let admin = Admin::new(
@@ -199,6 +237,7 @@ impl Daemon {
                 probes: probes.clone(),
                 manager: manager_handle.clone(),
                 process: process.clone(),
+                election: election_handle.clone(),
                 draining: Arc::clone(&draining),
             },
             Heartbeats {
@@ -212,6 +251,15 @@ impl Daemon {
         let admin_stop = CancellationToken::new();
         tokio::spawn(admin::serve(listener, Arc::new(admin), admin_stop.clone()));
         let run = tokio::spawn(supervisor.run(root.clone()));
+        let elected = election.map(|election| {
+            let stop = CancellationToken::new();
+            let task = tokio::spawn({
+                let election = Arc::clone(&election);
+                let stop = stop.clone();
+                async move { election.run(stop).await }
+            });
+            (election, stop, task)
+        });
         info!(
             admin = %admin_address,
             remotes = config.remotes.len(),
@@ -223,6 +271,7 @@ impl Daemon {
             probes,
             manager: manager_handle,
             process,
+            election: election_handle,
             admin_address,
             config,
             probe_set,
@@ -231,6 +280,7 @@ impl Daemon {
             reloads,
             run,
             admin_stop,
+            elected,
         })
     }
 
@@ -275,6 +325,10 @@ impl Daemon {
             (next.admin_address != self.config.admin_address, "admin"),
             (next.probe != self.config.probe, "probe"),
             (next.supervisor != self.config.supervisor, "supervisor"),
+            (
+                next.leader_election != self.config.leader_election,
+                "leaderElection",
+            ),
         ] {
             if changed {
                 warn!(
@@ -317,6 +371,12 @@ impl Daemon {
                 ShutdownOutcome::GraceExceeded
             }
         };
+        // The manager has stopped: now let another replica lead at once.
+        if let Some((election, stop, task)) = self.elected {
+            stop.cancel();
+            let _ = task.await;
+            election.release().await;
+        }
         tokio::time::sleep_until(drained).await;
         self.admin_stop.cancel();
         info!(?outcome, "tether stopped");

@@ -6,6 +6,7 @@ pub mod admin;
 pub mod config;
 pub mod daemon;
 pub mod demo;
+pub mod election;
 pub mod exec;
 pub mod limits;
 pub mod manager;

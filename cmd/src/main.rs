@@ -455,10 +455,51 @@ async fn check(args: &ConfigArgs) -> ExitCode {
             row.result.latency.as_secs_f64() * 1000.0
         );
     }
+    if let Some(spec) = &config.leader_election {
+        write_election(&mut out, spec).await;
+    }
     stdout::write(&out);
     if all_reachable {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// The Lease's holder, and this replica's role, as `tether check` shows them.
+async fn write_election(out: &mut String, spec: &tether::config::LeaderElectionSpec) {
+    let registry = prometheus::Registry::new();
+    let election = match tether::election::Election::new(spec.clone(), &registry).await {
+        Ok(election) => election,
+        Err(err) => {
+            let _ = writeln!(
+                out,
+                "leader election: {}",
+                tether_supervisor::error_chain(&err)
+            );
+            return;
+        }
+    };
+    let lease = election.handle().state().lease;
+    let me = election.identity().to_owned();
+    let _ = match election.holder().await {
+        Ok(None) => writeln!(
+            out,
+            "leader election: Lease {lease} does not exist yet; the first replica creates it (this one: {me})"
+        ),
+        Ok(Some((holder, age))) if holder.is_empty() => writeln!(
+            out,
+            "leader election: Lease {lease} is free{}; this replica ({me}) would take it",
+            age.map(|a| format!(", released {}s ago", a.as_secs()))
+                .unwrap_or_default()
+        ),
+        Ok(Some((holder, age))) => writeln!(
+            out,
+            "leader election: Lease {lease} held by {holder}{}; this replica ({me}) {}",
+            age.map(|a| format!(", renewed {}s ago", a.as_secs()))
+                .unwrap_or_default(),
+            if holder == me { "leads" } else { "stands by" }
+        ),
+        Err(err) => writeln!(out, "leader election: cannot read Lease {lease}: {err}"),
+    };
 }

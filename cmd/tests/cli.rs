@@ -111,6 +111,10 @@ fn every_config_mistake_exits_2_naming_the_file_and_the_field() {
         ("a grace period past the shutdown grace", format!("{REMOTE}manager: {{exec: {{command: [x], gracePeriod: 40s}}}}\n"), "manager.exec.gracePeriod"),
         ("a readiness check without a port", format!("{REMOTE}manager: {{exec: {{command: [x], readiness: {{httpGet: {{path: /readyz}}}}}}}}\n"), "manager.exec.readiness.httpGet.port"),
         ("an env entry without a name", format!("{REMOTE}manager: {{exec: {{command: [x], env: [{{value: v}}]}}}}\n"), "manager.exec.env[0].name"),
+        ("a renew deadline past the lease duration", format!("{REMOTE}leaderElection: {{enabled: true, leaseNamespace: x, leaseDuration: 10s, renewDeadline: 10s}}\n"), "leaderElection.leaseDuration"),
+        ("a retry period past the renew deadline", format!("{REMOTE}leaderElection: {{enabled: true, leaseNamespace: x, retryPeriod: 10s}}\n"), "leaderElection.renewDeadline"),
+        ("a bad lease name", format!("{REMOTE}leaderElection: {{enabled: true, leaseName: \"Bad Name\"}}\n"), "leaderElection.leaseName"),
+        ("an exec grace past the fence", format!("{REMOTE}leaderElection: {{enabled: true}}\nmanager: {{exec: {{command: [x], gracePeriod: 8s}}}}\n"), "manager.exec.gracePeriod: 8s must be at most leaderElection.leaseDuration - renewDeadline (5s)"),
         ("a working directory that is not one", format!("{REMOTE}manager: {{exec: {{command: [x], workingDir: token}}}}\n"), "manager.exec.workingDir"),
     ];
     for (what, yaml, field) in cases {

@@ -169,6 +169,8 @@ pub(crate) struct Shape<'a> {
     pub(crate) manager: Option<&'a str>,
     /// Runs tether under this command, e.g. `unshare --pid --fork`.
     pub(crate) wrap: &'a [&'a str],
+    /// Appended to the config, e.g. a `leaderElection:` section.
+    pub(crate) extra: &'a str,
 }
 
 /// The test config (interval 1s, timeout 500ms, threshold 3, no jitter,
@@ -190,10 +192,13 @@ pub(crate) fn config_yaml_with(
         "admin: {{address: \"{admin}\", drainWindow: 1s}}\n\
          probe: {{interval: 1s, timeout: 500ms, failureThreshold: 3, jitter: 0.0{}}}\n\
          supervisor: {{backoff: {{initial: 1s, max: 4s, jitter: 0.0}}, shutdownGrace: 5s}}\n\
-         {manager}\n\
-         remotes:\n",
+         {manager}\n",
         shape.probe_extra,
     );
+    for line in shape.extra.lines() {
+        let _ = writeln!(yaml, "{line}");
+    }
+    let _ = writeln!(yaml, "remotes:");
     for (name, server) in remotes {
         let path = match shape.kubeconfigs.iter().find(|(n, _)| n == name) {
             Some((_, text)) => {

@@ -1,0 +1,406 @@
+//! Several replicas: leader election on a Lease held by one simulated
+//! apiserver, three tether processes, each reaching the Lease through a
+//! relay of its own, so that one replica can be partitioned from it while
+//! the others still reach it.
+
+// Real processes and sockets: bounded polls on the real clock.
+#![allow(clippy::disallowed_methods)]
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{DEADLINE, Shape, Tether, remote};
+use k8s_openapi::api::coordination::v1::Lease;
+use tether_testkit::ApiServer;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+
+const LEASE_DURATION: Duration = Duration::from_secs(3);
+const RENEW_DEADLINE: Duration = Duration::from_secs(2);
+const RETRY_PERIOD: Duration = Duration::from_millis(500);
+const TRIALS: usize = 20;
+
+/// What a relay does with the connections it carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Path {
+    Up,
+    /// Connections are closed at once, and open ones cut.
+    Refuse,
+    /// Connections are held and carry nothing, open ones included.
+    Hang,
+}
+
+/// A TCP relay from its own port to the Lease's apiserver.
+struct Relay {
+    addr: std::net::SocketAddr,
+    /// The path, and the generation token every connection watches: it is
+    /// cancelled, and replaced, whenever the path changes.
+    state: Arc<Mutex<(Path, CancellationToken)>>,
+}
+
+impl Relay {
+    async fn start(to: std::net::SocketAddr) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let state = Arc::new(Mutex::new((Path::Up, CancellationToken::new())));
+        let shared = Arc::clone(&state);
+        tokio::spawn(async move {
+            while let Ok((inbound, _)) = listener.accept().await {
+                let shared = Arc::clone(&shared);
+                tokio::spawn(async move {
+                    let (path, generation) = shared.lock().expect("not poisoned").clone();
+                    let mut held = vec![inbound];
+                    if path == Path::Up
+                        && let Ok(outbound) = TcpStream::connect(to).await
+                    {
+                        let mut inbound = held.pop().expect("one");
+                        let mut outbound = outbound;
+                        tokio::select! {
+                            _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => return,
+                            () = generation.cancelled() => held = vec![inbound, outbound],
+                        }
+                    }
+                    // Refused: dropped at once. Hung: held open, carrying
+                    // nothing, until the path changes again.
+                    let (path, generation) = shared.lock().expect("not poisoned").clone();
+                    if path == Path::Hang {
+                        generation.cancelled().await;
+                    }
+                    drop(held);
+                });
+            }
+        });
+        Self { addr, state }
+    }
+
+    /// Switches to `path`: connections open now end (refuse) or freeze
+    /// (hang), and new ones follow the new path.
+    fn set(&self, path: Path) {
+        let mut state = self.state.lock().expect("not poisoned");
+        let old = std::mem::replace(&mut *state, (path, CancellationToken::new()));
+        old.1.cancel();
+    }
+}
+
+/// One replica: a tether process and its relay.
+struct Replica {
+    id: String,
+    tether: Tether,
+    relay: Relay,
+}
+
+/// A replica running `manager` (a `manager:` section, or the built-in one).
+async fn replica(id: &str, server: &ApiServer, manager: Option<&str>) -> Replica {
+    let relay = Relay::start(server.addr()).await;
+    let mut kubeconfig = server.kubeconfig();
+    kubeconfig.server = format!("https://{}", relay.addr);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join(format!("lease-{id}.kubeconfig"));
+    kubeconfig.write(&path).expect("kubeconfig");
+    // Keep the kubeconfig for the process's life.
+    std::mem::forget(dir);
+    let extra = format!(
+        "leaderElection: {{enabled: true, leaseNamespace: default, identity: {id}, \
+         leaseDuration: {}ms, renewDeadline: {}ms, retryPeriod: {}ms, kubeconfig: {}}}",
+        LEASE_DURATION.as_millis(),
+        RENEW_DEADLINE.as_millis(),
+        RETRY_PERIOD.as_millis(),
+        path.display()
+    );
+    let tether = Tether::start(
+        &[("a", server)],
+        &["--log-format", "json"],
+        &Shape {
+            manager,
+            extra: &extra,
+            ..Shape::default()
+        },
+    );
+    Replica {
+        id: id.to_owned(),
+        tether,
+        relay,
+    }
+}
+
+async fn leading(replica: &Replica) -> bool {
+    replica.tether.metric("tether_leader").await == Some(1.0)
+}
+
+async fn up(replica: &Replica) -> bool {
+    replica.tether.metric("tether_manager_up").await == Some(1.0)
+}
+
+/// Waits until exactly one replica leads with its manager up; its index.
+async fn one_leader_up(replicas: &[Replica]) -> usize {
+    let started = Instant::now();
+    loop {
+        let mut leaders = Vec::new();
+        for (i, r) in replicas.iter().enumerate() {
+            if leading(r).await {
+                leaders.push(i);
+            }
+        }
+        if let [only] = leaders[..]
+            && up(&replicas[only]).await
+        {
+            return only;
+        }
+        assert!(leaders.len() <= 1, "two replicas lead at once: {leaders:?}");
+        assert!(
+            started.elapsed() < DEADLINE,
+            "no leader with its manager up"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn lease(server: &ApiServer) -> Lease {
+    let kubeconfig =
+        kube::config::Kubeconfig::from_yaml(&server.kubeconfig().to_yaml()).expect("valid");
+    let config = kube::Config::from_custom_kubeconfig(
+        kubeconfig,
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await
+    .expect("resolves");
+    let leases: kube::Api<Lease> =
+        kube::Api::namespaced(kube::Client::try_from(config).expect("client"), "default");
+    leases.get("tether").await.expect("the Lease exists")
+}
+
+fn stats(mut samples: Vec<Duration>) -> (Duration, Duration) {
+    samples.sort();
+    (samples[samples.len() / 2], samples[samples.len() - 1])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_started_at_once_elect_exactly_one_and_followers_stand_by() {
+    let server = remote("lease", true).await;
+    let replicas = vec![
+        replica("r0", &server, None).await,
+        replica("r1", &server, None).await,
+        replica("r2", &server, None).await,
+    ];
+    let leader = one_leader_up(&replicas).await;
+    // It stays that way: two leaseDurations with exactly one leader.
+    let settled = Instant::now();
+    while settled.elapsed() < LEASE_DURATION * 2 {
+        assert_eq!(
+            one_leader_up(&replicas).await,
+            leader,
+            "the leadership moved"
+        );
+    }
+    let held = lease(&server).await.spec.expect("spec");
+    assert_eq!(
+        held.holder_identity.as_deref(),
+        Some(replicas[leader].id.as_str())
+    );
+    assert_eq!(held.lease_transitions, Some(0), "{held:?}");
+    assert_eq!(held.lease_duration_seconds, Some(3));
+    for (i, r) in replicas.iter().enumerate().filter(|(i, _)| *i != leader) {
+        let (code, body) = r.tether.get("/readyz").await.expect("answers");
+        assert_eq!(code, 200, "replica {i}: {body}");
+        assert!(
+            body.contains(&format!("[+]standby (leader: {})", replicas[leader].id)),
+            "{body}"
+        );
+        assert!(!up(r).await, "a follower runs no manager");
+        let (_, status) = r.tether.get("/status.json").await.expect("answers");
+        let status: serde_json::Value = serde_json::from_str(&status).expect("JSON");
+        assert_eq!(status["election"]["role"], "standby");
+        assert_eq!(status["supervisor"]["phase"], "Standby");
+        // `tether check` reads the Lease too.
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tether"))
+            .args(["check", "--config"])
+            .arg(&r.tether.config)
+            .output()
+            .expect("tether check runs");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains(&format!(
+                "Lease default/tether held by {}",
+                replicas[leader].id
+            )) && text.contains(&format!("this replica ({}) stands by", r.id)),
+            "{text}"
+        );
+    }
+}
+
+async fn failovers(signal: &str) -> Vec<Duration> {
+    let server = remote("lease", true).await;
+    let mut replicas = vec![
+        replica("r0", &server, None).await,
+        replica("r1", &server, None).await,
+        replica("r2", &server, None).await,
+    ];
+    let mut took = Vec::new();
+    for trial in 0..TRIALS {
+        let leader = one_leader_up(&replicas).await;
+        let old = replicas.remove(leader);
+        let asked = Instant::now();
+        old.tether.signal(signal);
+        let new = one_leader_up(&replicas).await;
+        took.push(asked.elapsed());
+        assert_ne!(replicas[new].id, old.id);
+        drop(old);
+        // The replacement stands by, its election running, before the next
+        // trial: a replica that just started would take a released Lease
+        // at its first try, and flatter the figure.
+        let fresh = replica(&format!("r{}", trial + 3), &server, None).await;
+        fresh.tether.until_ready(true).await;
+        tokio::time::sleep(RETRY_PERIOD * 2).await;
+        replicas.push(fresh);
+    }
+    let transitions = lease(&server).await.spec.and_then(|s| s.lease_transitions);
+    assert_eq!(
+        transitions,
+        Some(i32::try_from(TRIALS).expect("small")),
+        "each failover is one transition of the Lease"
+    );
+    took
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_sigkill_a_new_leader_is_up_within_lease_duration_and_retry_period() {
+    let took = failovers("KILL").await;
+    let (median, max) = stats(took);
+    println!(
+        "failover after SIGKILL of the leader, {TRIALS} trials: median {median:?}, max {max:?}"
+    );
+    let bound = LEASE_DURATION + RETRY_PERIOD.mul_f64(1.2) + Duration::from_secs(2);
+    assert!(max < bound, "a failover took {max:?}, over {bound:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_sigterm_a_new_leader_is_up_within_the_retry_period() {
+    let took = failovers("TERM").await;
+    let (median, max) = stats(took);
+    println!(
+        "failover after SIGTERM of the leader, {TRIALS} trials: median {median:?}, max {max:?}"
+    );
+    let bound = RETRY_PERIOD.mul_f64(1.2) + Duration::from_secs(2);
+    assert!(
+        max < bound,
+        "a failover took {max:?}, over {bound:?}: was the Lease released?"
+    );
+}
+
+/// One run of a manager, from the witness log.
+#[derive(Debug)]
+struct Run {
+    id: String,
+    start: u128,
+    stop: Option<u128>,
+}
+
+fn runs(log: &str) -> Vec<Run> {
+    let mut runs: Vec<Run> = Vec::new();
+    for line in log.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let [what, at, id] = fields[..] else { continue };
+        let Ok(at) = at.parse::<u128>() else { continue };
+        match what {
+            "start" => runs.push(Run {
+                id: id.to_owned(),
+                start: at,
+                stop: None,
+            }),
+            "stop" => {
+                if let Some(run) = runs
+                    .iter_mut()
+                    .rev()
+                    .find(|r| r.id == id && r.stop.is_none())
+                {
+                    run.stop = Some(at);
+                }
+            }
+            _ => {}
+        }
+    }
+    runs
+}
+
+/// The total time two managers of different replicas ran at once.
+fn overlap(runs: &[Run]) -> Duration {
+    let mut total = 0u128;
+    for (i, a) in runs.iter().enumerate() {
+        for b in &runs[i + 1..] {
+            if a.id == b.id {
+                continue;
+            }
+            let end = a.stop.unwrap_or(u128::MAX).min(b.stop.unwrap_or(u128::MAX));
+            let start = a.start.max(b.start);
+            total += end.saturating_sub(start);
+        }
+    }
+    Duration::from_nanos(u64::try_from(total).unwrap_or(u64::MAX))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_leader_stops_its_manager_before_another_starts() {
+    let server = remote("lease", true).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let witness = dir.path().join("witness");
+    let manager = |id: &str| {
+        format!(
+            "{{exec: {{command: [sh, -c, \"echo start $(date +%s%N) {id} >> {w}; trap 'echo stop $(date +%s%N) {id} >> {w}; exit 0' TERM; while :; do sleep 0.05; done\"], gracePeriod: 500ms}}}}",
+            w = witness.display()
+        )
+    };
+    let replicas = vec![
+        replica("r0", &server, Some(&manager("r0"))).await,
+        replica("r1", &server, Some(&manager("r1"))).await,
+        replica("r2", &server, Some(&manager("r2"))).await,
+    ];
+    let mut took = Vec::new();
+    for trial in 0..TRIALS {
+        let leader = one_leader_up(&replicas).await;
+        let path = if trial % 2 == 0 {
+            Path::Refuse
+        } else {
+            Path::Hang
+        };
+        let cut = Instant::now();
+        replicas[leader].relay.set(path);
+        // Another replica takes over; the partitioned one must have stopped
+        // first, which the witness log shows.
+        let started = Instant::now();
+        let new = loop {
+            let mut found = None;
+            for (i, r) in replicas.iter().enumerate() {
+                if i != leader && leading(r).await && up(r).await {
+                    found = Some(i);
+                }
+            }
+            if let Some(i) = found {
+                break i;
+            }
+            assert!(
+                started.elapsed() < DEADLINE,
+                "trial {trial}: no replica took over"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        took.push(cut.elapsed());
+        assert!(
+            !leading(&replicas[leader]).await,
+            "trial {trial}: two leaders"
+        );
+        replicas[leader].relay.set(Path::Up);
+        assert_ne!(new, leader);
+    }
+    let log = std::fs::read_to_string(&witness).expect("the witness log");
+    let runs = runs(&log);
+    let overlap = overlap(&runs);
+    let (median, max) = stats(took);
+    println!(
+        "partitioned leader, {TRIALS} trials (refuse and hang): a new leader up after median {median:?}, max {max:?}; {} manager runs; overlap {overlap:?}",
+        runs.len()
+    );
+    assert!(runs.len() > TRIALS, "the witness saw every run: {log}");
+    assert_eq!(overlap, Duration::ZERO, "two managers ran at once:\n{log}");
+}
