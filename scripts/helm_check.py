@@ -72,7 +72,7 @@ def check_manager(label, values, pod, config):
               f"{label}: the built-in watch manager, in tether's own image")
         return
     spec = config.get("manager", {}).get("exec", {})
-    check("watch" not in config and spec.get("stopSignal") == "SIGTERM" and spec.get("gracePeriod") == "20s"
+    check("watch" not in config and spec.get("stopSignal") == "SIGTERM" and "gracePeriod" not in spec
           and spec.get("readiness") == exec_values.get("readiness"),
           f"{label}: the config has manager.exec, and no watch list")
     injected = exec_values.get("image", {}).get("repository")
@@ -119,6 +119,7 @@ def main():
         "network policy": {**everything, "networkPolicy": {"enabled": True, "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]}},
         "exec, tether in the controller's image": {"remotes": [remote], "image": {"repository": "registry.example.com/controller", "tag": "1.0"},
                                                    "manager": {"exec": {"command": ["/manager", "--leader-elect=false"], "readiness": {"httpGet": {"port": 8081, "path": "/readyz"}}}}},
+        "exec with three replicas": {"remotes": [remote], "replicaCount": 3, "manager": {"exec": {"command": ["/manager", "--leader-elect=false"]}}},
         "exec, tether added to an image": {"remotes": [remote], "manager": {"exec": {"command": ["/manager", "--leader-elect=false"],
                                                                                       "image": {"repository": "registry.example.com/controller", "tag": "1.0"}}}},
     }
@@ -138,10 +139,19 @@ def main():
         check(container["livenessProbe"]["failureThreshold"] >= 3 and container["livenessProbe"]["httpGet"]["path"] == "/healthz"
               and container["readinessProbe"]["httpGet"]["path"] == "/readyz" and "startupProbe" in container,
               f"{label}: liveness on /healthz (tolerant), readiness on /readyz, a startup probe")
-        check(pod["automountServiceAccountToken"] == bool(values.get("homeCluster", {}).get("watch")),
-              f"{label}: the service account token is mounted only when the home cluster is watched")
-        check((only(docs, "PodDisruptionBudget") is not None) == (values.get("replicaCount", 1) > 1),
-              f"{label}: a PodDisruptionBudget exactly when replicas > 1")
+        replicas = values.get("replicaCount", 1)
+        elected = replicas > 1
+        check(pod["automountServiceAccountToken"] == (bool(values.get("homeCluster", {}).get("watch")) or elected),
+              f"{label}: the service account token is mounted only when the home cluster is watched or a Lease is elected on")
+        pdb = only(docs, "PodDisruptionBudget")
+        check((pdb is not None) == elected and (pdb is None or pdb["spec"] == {"maxUnavailable": 1, "selector": deploy["spec"]["selector"]}),
+              f"{label}: a PodDisruptionBudget (maxUnavailable 1) exactly when replicas > 1")
+        role = only(docs, "Role")
+        check((role is not None) == elected
+              and (role is None or role["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}])
+              and (only(docs, "RoleBinding") is not None) == elected,
+              f"{label}: a Role and RoleBinding on leases exactly when replicas > 1")
+
         policy = only(docs, "NetworkPolicy")
         wanted = values.get("networkPolicy", {}).get("enabled", False)
         check((policy is not None) == wanted, f"{label}: a NetworkPolicy exactly when enabled")
@@ -158,6 +168,13 @@ def main():
               f"{label}: the config lists the remotes")
 
         check_manager(label, values, pod, config)
+        election = config.get("leaderElection") if config else None
+        pod_name = [e for e in container.get("env", []) if e["name"] == "POD_NAME"]
+        check((election is not None) == elected
+              and (not elected or (election["enabled"] is True and election["leaseName"] == deploy["metadata"]["name"]
+                                   and pod_name == [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
+                                   and pod["topologySpreadConstraints"][0]["topologyKey"] == "kubernetes.io/hostname")),
+              f"{label}: leader election, POD_NAME and a spread across nodes exactly when replicas > 1")
 
         rule = only(docs, "PrometheusRule")
         if rule is not None:

@@ -24,6 +24,12 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 
 {{/* tether's config file: the values' config, the admin port, and one
 remote per Secret. */}}
+{{/* Whether leader election runs: as set, or when replicaCount > 1. */}}
+{{- define "tether.leaderElection" -}}
+{{- $set := .Values.leaderElection.enabled -}}
+{{- if kindIs "bool" $set -}}{{ $set }}{{- else -}}{{ gt (int .Values.replicaCount) 1 }}{{- end -}}
+{{- end -}}
+
 {{- define "tether.config" -}}
 {{- $remotes := list -}}
 {{- range .Values.remotes -}}
@@ -34,10 +40,15 @@ remote per Secret. */}}
 {{- $config := deepCopy .Values.config -}}
 {{- $_ := set $config "admin" (dict "address" (printf "0.0.0.0:%d" (int .Values.adminPort))) -}}
 {{- $_ := set $config "remotes" $remotes -}}
+{{- if eq (include "tether.leaderElection" .) "true" -}}
+{{- $le := .Values.leaderElection -}}
+{{- $_ := set $config "leaderElection" (dict "enabled" true "leaseName" (default (include "tether.fullname" .) $le.leaseName) "leaseDuration" $le.leaseDuration "renewDeadline" $le.renewDeadline "retryPeriod" $le.retryPeriod) -}}
+{{- end -}}
 {{- $exec := .Values.manager.exec -}}
 {{- if $exec.command -}}
 {{- $_ := unset $config "watch" -}}
-{{- $spec := dict "stopSignal" $exec.stopSignal "gracePeriod" $exec.gracePeriod -}}
+{{- $spec := dict "stopSignal" $exec.stopSignal -}}
+{{- if $exec.gracePeriod }}{{ $_ := set $spec "gracePeriod" $exec.gracePeriod }}{{ end -}}
 {{- if not $exec.image.repository }}{{ $_ := set $spec "command" $exec.command }}{{ end -}}
 {{- if $exec.env }}{{ $_ := set $spec "env" $exec.env }}{{ end -}}
 {{- if $exec.readiness }}{{ $_ := set $spec "readiness" $exec.readiness }}{{ end -}}
