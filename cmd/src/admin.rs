@@ -659,18 +659,12 @@ fn reserve() -> Option<std::fs::File> {
 
 /// Closes the reserved descriptor, if there is one to give up.
 fn give_up(spare: &Spare) -> bool {
-    spare
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .take()
-        .is_some()
+    crate::lock(spare).take().is_some()
 }
 
 /// Reserves a descriptor again, if none is.
 fn take_back(spare: &Spare) {
-    let mut spare = spare
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut spare = crate::lock(spare);
     if spare.is_none() {
         *spare = reserve();
     }

@@ -19,7 +19,7 @@
 //! - At shutdown, after the manager stopped, the leader releases the Lease
 //!   as `ReleaseOnCancel` does: no holder, `leaseDurationSeconds: 1`.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -32,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::config::LeaderElectionSpec;
+use crate::lock;
 
 /// Why the election could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -73,12 +74,6 @@ struct Shared {
     state: Mutex<ElectionState>,
     leader: IntGauge,
     transitions: IntCounter,
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// A view of the election, for the admin server and shutdown.

@@ -16,7 +16,7 @@
 
 use std::fmt;
 use std::process::{ExitStatus, Stdio};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use http_body_util::Empty;
@@ -30,6 +30,7 @@ use tokio::time::{Instant, sleep, timeout};
 use tracing::{info, warn};
 
 use crate::config::{ExecSpec, ReadinessSpec};
+use crate::lock;
 use crate::manager::ManagerHandle;
 use crate::reaper;
 
@@ -138,12 +139,6 @@ struct Shared {
     exit: std::sync::OnceLock<(IntGauge, IntGauge)>,
     registry: Registry,
     starts: IntCounter,
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The exec manager.

@@ -13,3 +13,11 @@ pub mod manager;
 pub mod reaper;
 pub mod remote;
 pub mod stdout;
+
+/// Locks `mutex`. Every critical section in tether only assigns whole
+/// values, so a poisoned lock still guards a consistent value.
+pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}

@@ -21,7 +21,7 @@
 //!   reload takes effect in the next cycle.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use futures_util::StreamExt as _;
@@ -41,6 +41,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::config::WatchSpec;
+use crate::lock;
 use crate::remote::ResolvedRemote;
 
 /// What went wrong in the manager.
@@ -137,13 +138,6 @@ struct Shared {
     stale_after: Duration,
     objects: IntGaugeVec,
     synced: IntGaugeVec,
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Critical sections only assign; a poisoned value is whole.
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Shared {
