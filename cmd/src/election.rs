@@ -146,6 +146,15 @@ fn jittered(period: Duration) -> Duration {
     period.mul_f64(1.0 + 0.2 * fastrand::f64())
 }
 
+/// Closes the gate when dropped.
+struct CloseOnDrop<'a>(&'a Election);
+
+impl Drop for CloseOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.set_leading(false, "the election stopped");
+    }
+}
+
 /// What one try came to.
 enum Attempt {
     /// This replica holds the Lease, renewed by the write sent at the time
@@ -264,6 +273,9 @@ impl Election {
     ///
     /// Cancel `stop` instead of dropping it.
     pub async fn run(&self, stop: CancellationToken) {
+        // However this ends (a panic, the future dropped), the gate closes:
+        // a leader whose election no longer runs must not go on leading.
+        let _closes = CloseOnDrop(self);
         let spec = &self.spec;
         // The record as last seen, and when this replica saw it change.
         let mut observed: Option<(LeaseSpec, Instant)> = None;

@@ -89,6 +89,8 @@ struct Replica {
     id: String,
     tether: Tether,
     relay: Relay,
+    /// Holds the Lease's kubeconfig for the process's life.
+    _dir: tempfile::TempDir,
 }
 
 /// A replica running `manager` (a `manager:` section, or the built-in one).
@@ -99,8 +101,6 @@ async fn replica(id: &str, server: &ApiServer, manager: Option<&str>) -> Replica
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join(format!("lease-{id}.kubeconfig"));
     kubeconfig.write(&path).expect("kubeconfig");
-    // Keep the kubeconfig for the process's life.
-    std::mem::forget(dir);
     let extra = format!(
         "leaderElection: {{enabled: true, leaseNamespace: default, identity: {id}, \
          leaseDuration: {}ms, renewDeadline: {}ms, retryPeriod: {}ms, kubeconfig: {}}}",
@@ -122,6 +122,7 @@ async fn replica(id: &str, server: &ApiServer, manager: Option<&str>) -> Replica
         id: id.to_owned(),
         tether,
         relay,
+        _dir: dir,
     }
 }
 
