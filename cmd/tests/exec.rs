@@ -449,16 +449,23 @@ async fn as_pid_1_tether_reaps_an_orphaned_grandchild() {
         .into_iter()
         .next()
         .expect("tether runs under unshare");
-    // The orphan was tether's child; once it exits, it must not stay a
-    // zombie.
+    // First the orphan is tether's child (it sleeps a second)...
     let started = Instant::now();
+    while children(init).len() < 2 {
+        assert!(
+            started.elapsed() < DEADLINE,
+            "the orphan was never reparented to tether"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // ...then, once it exits, it must not stay a zombie.
     loop {
         let zombies: Vec<u32> = children(init)
             .into_iter()
             .filter(|p| !running(*p))
             .collect();
         let others = children(init).len();
-        if zombies.is_empty() && others == 1 && started.elapsed() > Duration::from_secs(1) {
+        if zombies.is_empty() && others == 1 {
             break;
         }
         assert!(

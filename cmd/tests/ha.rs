@@ -158,6 +158,25 @@ async fn one_leader_up(replicas: &[Replica]) -> usize {
     }
 }
 
+/// Waits until `replica` has read the Lease and seen `holder` hold it.
+async fn sees_holder(replica: &Replica, holder: &str) {
+    let started = Instant::now();
+    loop {
+        if let Some((200, body)) = replica.tether.get("/status.json").await {
+            let status: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+            if status["election"]["holder"] == holder {
+                return;
+            }
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "{} never saw {holder} hold the Lease",
+            replica.id
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 async fn lease(server: &ApiServer) -> Lease {
     let kubeconfig =
         kube::config::Kubeconfig::from_yaml(&server.kubeconfig().to_yaml()).expect("valid");
@@ -248,12 +267,11 @@ async fn failovers(signal: &str) -> Vec<Duration> {
         took.push(asked.elapsed());
         assert_ne!(replicas[new].id, old.id);
         drop(old);
-        // The replacement stands by, its election running, before the next
-        // trial: a replica that just started would take a released Lease
-        // at its first try, and flatter the figure.
+        // The replacement stands by, having seen the Lease held, before the
+        // next trial: a replica that just started would take a released
+        // Lease at its first try, and flatter the figure.
         let fresh = replica(&format!("r{}", trial + 3), &server, None).await;
-        fresh.tether.until_ready(true).await;
-        tokio::time::sleep(RETRY_PERIOD * 2).await;
+        sees_holder(&fresh, &replicas[new].id).await;
         replicas.push(fresh);
     }
     let transitions = lease(&server).await.spec.and_then(|s| s.lease_transitions);
