@@ -186,6 +186,11 @@ async fn a_lost_remote_stops_kubectl_and_a_new_kubectl_lists_again() {
             "{fault}: the first kubectl outlived its cycle"
         );
         if matches!(fault, Fault::Slow(_)) {
+            // The supervisor logs the cycle's end after the manager's stop.
+            until_event(&tether, struck, |e| {
+                says(e, "cycle ended") && e["fields"]["cycle"] == 1
+            })
+            .await;
             let cause = tether
                 .logs()
                 .lines()
