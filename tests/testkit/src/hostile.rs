@@ -86,6 +86,7 @@ impl HostileServer {
             server: self.url(),
             ca_pem: None,
             token: None,
+            client_cert: None,
         }
     }
 }

@@ -1,5 +1,6 @@
 //! Kubeconfig files that point a client at a simulated apiserver.
 
+use std::fmt::Write as _;
 use std::io;
 use std::path::Path;
 
@@ -17,6 +18,8 @@ pub struct Kubeconfig {
     pub ca_pem: Option<String>,
     /// The bearer token, if the server wants one.
     pub token: Option<String>,
+    /// A client certificate and its key (PEM), if the server wants one.
+    pub client_cert: Option<(String, String)>,
 }
 
 impl std::fmt::Debug for Kubeconfig {
@@ -27,6 +30,7 @@ impl std::fmt::Debug for Kubeconfig {
             .field("server", &self.server)
             .field("tls", &self.ca_pem.is_some())
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("client_cert", &self.client_cert.is_some())
             .finish()
     }
 }
@@ -40,10 +44,24 @@ impl Kubeconfig {
         let ca = self.ca_pem.as_ref().map_or_else(String::new, |pem| {
             format!("    certificate-authority-data: {}\n", STANDARD.encode(pem))
         });
-        let user = self.token.as_ref().map_or_else(
-            || "  user: {}\n".to_owned(),
-            |token| format!("  user:\n    token: \"{token}\"\n"),
-        );
+        let mut user = String::new();
+        // Writing to a String cannot fail.
+        if let Some(token) = &self.token {
+            let _ = writeln!(user, "    token: \"{token}\"");
+        }
+        if let Some((cert, key)) = &self.client_cert {
+            let _ = writeln!(
+                user,
+                "    client-certificate-data: {}\n    client-key-data: {}",
+                STANDARD.encode(cert),
+                STANDARD.encode(key)
+            );
+        }
+        let user = if user.is_empty() {
+            "  user: {}\n".to_owned()
+        } else {
+            format!("  user:\n{user}")
+        };
         format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: {name}\n  cluster:\n    server: {server}\n{ca}users:\n- name: {name}\n{user}contexts:\n- name: {name}\n  context:\n    cluster: {name}\n    user: {name}\ncurrent-context: {name}\n",
             server = self.server,
@@ -71,6 +89,7 @@ mod tests {
             server: "https://127.0.0.1:1".into(),
             ca_pem: None,
             token: Some("s3cret".into()),
+            client_cert: None,
         };
         assert!(!format!("{config:?}").contains("s3cret"));
         assert!(config.to_yaml().contains("token: \"s3cret\""));

@@ -55,6 +55,9 @@ pub struct Options {
     pub bookmark_interval: Duration,
     /// Extra names and addresses the serving certificate is valid for.
     pub extra_names: Vec<String>,
+    /// Over HTTPS, require a client certificate the server's CA signed;
+    /// kubeconfigs carry one. Default `false`.
+    pub client_certs: bool,
     /// The name of the cluster in kubeconfigs. Default `fake`.
     pub name: String,
 }
@@ -68,6 +71,7 @@ impl Default for Options {
             anonymous_health: true,
             bookmark_interval: Duration::from_secs(60),
             extra_names: Vec::new(),
+            client_certs: false,
             name: "fake".to_owned(),
         }
     }
@@ -85,6 +89,13 @@ impl Options {
     #[must_use]
     pub fn tls(mut self, tls: bool) -> Self {
         self.tls = tls;
+        self
+    }
+
+    /// Over HTTPS, requires a client certificate.
+    #[must_use]
+    pub fn client_certs(mut self, required: bool) -> Self {
+        self.client_certs = required;
         self
     }
 
@@ -302,6 +313,7 @@ impl ApiServer {
             Some(Identity::generate(
                 &format!("{}-ca", options.name),
                 &options.extra_names,
+                options.client_certs,
             )?)
         } else {
             None
@@ -375,6 +387,12 @@ impl ApiServer {
             server: self.url(),
             ca_pem: self.ca_pem(),
             token: self.token(),
+            client_cert: self
+                .shared
+                .state()
+                .identity
+                .as_ref()
+                .and_then(|i| i.client.clone()),
         }
     }
 
@@ -409,6 +427,7 @@ impl ApiServer {
                 state.mismatched = Some(Identity::generate(
                     "impostor-ca",
                     &self.shared.options.extra_names,
+                    self.shared.options.client_certs,
                 )?);
             }
             state.fault = fault.clone();
@@ -469,6 +488,7 @@ impl ApiServer {
                 Some(Identity::generate(
                     &format!("{}-ca", self.shared.options.name),
                     &self.shared.options.extra_names,
+                    self.shared.options.client_certs,
                 )?)
             } else {
                 None
