@@ -44,7 +44,8 @@ fn main() {
                     format!("http://127.0.0.{}:1", 1 + i % 250)
                         .parse()
                         .expect("a URL"),
-                ),
+                )
+                .into(),
             })
             .collect();
         probes.sync(&remote::probed(&remotes)).expect("sync");

@@ -14,7 +14,9 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::{Method, Request, Response, header};
-use http_body_util::Full;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt as _, Full, StreamBody};
+use hyper::body::Frame;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -547,24 +549,44 @@ impl Admin {
         serde_json::to_vec(&self.status()).expect("the view's map keys are strings")
     }
 
-    fn metrics(&self) -> Result<Vec<u8>, prometheus::Error> {
+    /// `/metrics`: the registry's families, then the probes' per-remote
+    /// series, made a piece at a time as the connection takes them.
+    fn metrics(&self) -> Result<Body, prometheus::Error> {
         // tether_ready reflects the state now, scraped or not.
         let _ = self.readyz();
         let mut out = Vec::new();
         TextEncoder::new().encode(&self.registry.gather(), &mut out)?;
-        Ok(out)
+        let pieces = std::iter::once(out)
+            .chain(self.sources.probes.metric_chunks())
+            .map(|piece| Ok(Frame::data(Bytes::from(piece))));
+        Ok(StreamBody::new(futures_util::stream::iter(pieces)).boxed())
     }
 
-    fn respond(&self, method: &Method, path: &str) -> Response<Full<Bytes>> {
+    fn respond(&self, method: &Method, path: &str) -> Response<Body> {
         // Every endpoint only reads.
         if method != Method::GET && method != Method::HEAD {
             return Response::builder()
                 .status(405)
                 .header(header::ALLOW, "GET, HEAD")
                 .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
-                .body(Full::new(Bytes::from_static(
+                .body(full(Bytes::from_static(
                     b"method not allowed: the admin endpoints are read-only\n",
                 )))
+                .expect("a valid status and static headers");
+        }
+        if path == "/metrics" {
+            let (code, content_type, body) = match self.metrics() {
+                Ok(body) => (200, "text/plain; version=0.0.4; charset=utf-8", body),
+                Err(err) => (
+                    500,
+                    "text/plain; charset=utf-8",
+                    full(format!("encoding metrics failed: {err}\n").into()),
+                ),
+            };
+            return Response::builder()
+                .status(code)
+                .header(header::CONTENT_TYPE, content_type)
+                .body(body)
                 .expect("a valid status and static headers");
         }
         let (code, content_type, body): (u16, &str, Vec<u8>) = match path {
@@ -576,14 +598,6 @@ impl Admin {
                 let (code, text) = self.readyz();
                 (code, "text/plain; charset=utf-8", text.into_bytes())
             }
-            "/metrics" => match self.metrics() {
-                Ok(body) => (200, "text/plain; version=0.0.4; charset=utf-8", body),
-                Err(err) => (
-                    500,
-                    "text/plain; charset=utf-8",
-                    format!("encoding metrics failed: {err}\n").into_bytes(),
-                ),
-            },
             "/status.json" => (200, "application/json", self.status_json()),
             "/status" | "/" => (
                 200,
@@ -599,9 +613,16 @@ impl Admin {
         Response::builder()
             .status(code)
             .header(header::CONTENT_TYPE, content_type)
-            .body(Full::new(Bytes::from(body)))
+            .body(full(Bytes::from(body)))
             .expect("a valid status and static headers")
     }
+}
+
+/// An admin response's body: whole, or made as it is sent.
+type Body = BoxBody<Bytes, Infallible>;
+
+fn full(bytes: Bytes) -> Body {
+    Full::new(bytes).boxed()
 }
 
 /// The admin server's listener, and a file descriptor held in reserve for

@@ -311,9 +311,11 @@ fn api_resource(spec: &WatchSpec) -> ApiResource {
 /// The remote's client, its responses bounded so a remote cannot exhaust
 /// tether's memory.
 fn client(remote: &ResolvedRemote) -> Result<kube::Client, Error> {
-    tether_probes::bounded_client(remote.config.clone()).map_err(|source| Error::Client {
-        remote: remote.name.clone(),
-        source,
+    tether_probes::bounded_client(kube::Config::clone(&remote.config)).map_err(|source| {
+        Error::Client {
+            remote: remote.name.clone(),
+            source,
+        }
     })
 }
 

@@ -2,6 +2,7 @@
 //! the probes and the manager alike.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use kube::config::{
     AuthInfo, Cluster, Context, ExecInteractiveMode, KubeConfigOptions, Kubeconfig, NamedAuthInfo,
@@ -19,8 +20,9 @@ pub struct ResolvedRemote {
     pub name: String,
     /// Whether its caches gate readiness, and its loss ends the cycle.
     pub required: bool,
-    /// Its connection settings (credentials included; never logged).
-    pub config: kube::Config,
+    /// Its connection settings (credentials included; never logged),
+    /// shared by the probes and the manager.
+    pub config: Arc<kube::Config>,
 }
 
 impl std::fmt::Debug for ResolvedRemote {
@@ -36,7 +38,7 @@ impl ResolvedRemote {
     /// The remote as the probes take it.
     #[must_use]
     pub fn probed(&self) -> Remote {
-        Remote::new(self.name.clone(), self.config.clone())
+        Remote::new(self.name.clone(), Arc::clone(&self.config))
     }
 }
 
@@ -297,7 +299,7 @@ pub async fn resolve(config: &Config) -> Result<Vec<ResolvedRemote>, ConfigError
         remotes.push(ResolvedRemote {
             name: spec.name.clone(),
             required: spec.required,
-            config: kube_config(config, index, spec).await?,
+            config: Arc::new(kube_config(config, index, spec).await?),
         });
     }
     Ok(remotes)

@@ -3,6 +3,7 @@
 
 use std::fmt;
 use std::hash::{DefaultHasher, Hash as _, Hasher as _};
+use std::sync::Arc;
 
 use http::Uri;
 
@@ -14,8 +15,9 @@ use crate::{Error, Result};
 pub struct Remote {
     /// The configured name, unique in the configuration.
     pub name: String,
-    /// How to reach it, credentials included.
-    pub config: kube::Config,
+    /// How to reach it, credentials included; shared with whatever else
+    /// connects to it (the manager), not copied per user.
+    pub config: Arc<kube::Config>,
 }
 
 impl fmt::Debug for Remote {
@@ -31,10 +33,10 @@ impl fmt::Debug for Remote {
 impl Remote {
     /// A remote named `name`, reached through `config`.
     #[must_use]
-    pub fn new(name: impl Into<String>, config: kube::Config) -> Self {
+    pub fn new(name: impl Into<String>, config: impl Into<Arc<kube::Config>>) -> Self {
         Self {
             name: name.into(),
-            config,
+            config: config.into(),
         }
     }
 }

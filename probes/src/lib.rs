@@ -41,11 +41,13 @@ mod bounded;
 mod classify;
 mod config;
 mod credentials;
+mod http;
 mod identity;
 mod metrics;
 mod probe;
 mod set;
 mod tracker;
+mod wire;
 
 pub use crate::bounded::{
     Bounded, MAX_RESPONSE, MAX_WATCH_EVENT, ResponseTooLarge, bounded_client,
@@ -56,9 +58,12 @@ pub use crate::classify::{
 };
 pub use crate::config::ProbeConfig;
 pub use crate::credentials::{BuildError, PLUGIN_DEADLINE, Pending, off_workers, once_off_workers};
+pub use crate::http::HEAD_TOO_LARGE;
 pub use crate::identity::{Identity, Remote, host_port, normalize_url};
-pub use crate::probe::{HEAD_TOO_LARGE, ProbeClient, probe_client, probe_once, without_userinfo};
-pub use crate::set::{CheckRow, ProbeSet, ProbeSetHandle, RemoteStatus, Transition, check};
+pub use crate::probe::{ProbeClient, probe_client, probe_once, without_userinfo};
+pub use crate::set::{
+    CheckRow, MetricChunks, ProbeSet, ProbeSetHandle, RemoteStatus, Transition, check,
+};
 pub use crate::tracker::{Reachability, Tracker};
 
 /// What can go wrong when setting up probes.

@@ -15,16 +15,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{CONNECTION, HOST};
-use http::{HeaderValue, Request, Response, Uri};
+use http::header::HOST;
+use http::{Request, Response};
 use http_body_util::{BodyExt as _, Empty};
-use hyper::client::conn::http1;
-use hyper_util::rt::TokioIo;
 use kube::client::ConfigExt as _;
 use rustls::pki_types::ServerName;
-use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tower::util::BoxService;
 use tower::{BoxError, Service as _, ServiceBuilder, ServiceExt as _};
@@ -34,22 +30,9 @@ use crate::classify::{
     root_cause,
 };
 use crate::credentials::PLUGIN_DEADLINE;
+use crate::http::{self as exchange, ExchangeError, MAX_BODY};
+use crate::wire::{TlsWire, Wire};
 use crate::{Error, ProbeConfig, Result};
-
-/// The most of a probe's response body that is read, so the connection can
-/// be reused; `/readyz` answers a few bytes.
-const MAX_BODY: usize = 64 * 1024;
-
-/// The largest response head a probe reads: load balancers, proxies and
-/// audit IDs add headers, and 32 KiB holds any real head several times
-/// over. A larger head still answered: it counts as a response, with status
-/// [`HEAD_TOO_LARGE`].
-const MAX_HEAD: usize = 32 * 1024;
-
-/// The status recorded for an answer whose head passed [`MAX_HEAD`]: the
-/// remote answered (reachable), but what it said could not be read (not
-/// ready).
-pub const HEAD_TOO_LARGE: u16 = 0;
 
 /// Turns a probe request into what is sent: base URL, credentials, extra
 /// headers, exactly as kube's client would.
@@ -76,26 +59,19 @@ struct Direct {
     host: String,
     port: u16,
     /// The `Host` header: the URL's authority, without userinfo.
-    authority: HeaderValue,
-    tls: Option<(tokio_rustls::TlsConnector, ServerName<'static>)>,
+    authority: String,
+    tls: Option<(Arc<rustls::ClientConfig>, ServerName<'static>)>,
     decorate: Decorate,
     /// A kept connection older than this is replaced by a new one.
     max_age: Duration,
     conn: Option<Conn>,
 }
 
-/// A kept-alive connection: the sender, the task driving it, which ends
-/// when the connection closes, and when it was opened.
+/// A kept-alive connection, held by the probe itself (no task drives it),
+/// and when it was opened.
 struct Conn {
-    sender: http1::SendRequest<Empty<Bytes>>,
-    task: JoinHandle<()>,
+    stream: Wire,
     opened: Instant,
-}
-
-impl Drop for Conn {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
 }
 
 /// Why a request got no status.
@@ -124,6 +100,24 @@ impl Failure {
         Self::Transport {
             cause: cause_in(error, fallback),
             error: root_cause(error),
+        }
+    }
+
+    fn of_exchange(error: &ExchangeError) -> Self {
+        match error {
+            ExchangeError::Io(err) => Self::transport(err, FailureCause::Reset),
+            ExchangeError::Closed { partial: false } => Self::Transport {
+                cause: FailureCause::Reset,
+                error: "the connection closed before an answer".to_owned(),
+            },
+            ExchangeError::Closed { partial: true } => Self::Transport {
+                cause: FailureCause::Reset,
+                error: "the connection closed in the middle of the answer".to_owned(),
+            },
+            ExchangeError::Invalid(err) => Self::Transport {
+                cause: FailureCause::Other,
+                error: format!("the answer is not HTTP/1.1: {err}"),
+            },
         }
     }
 }
@@ -175,21 +169,22 @@ impl Direct {
         let port = url.port_u16().unwrap_or(if https { 443 } else { 80 });
         let authority = url
             .authority()
-            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-            .unwrap_or_else(|| HeaderValue::from_static("localhost"));
+            .map_or_else(|| "localhost".to_owned(), |a| a.as_str().to_owned());
         let tls = if https {
             let mut tls = config.rustls_client_config().map_err(Error::Client)?;
             tls.alpn_protocols = vec![b"http/1.1".to_vec()];
-            // One server per client: rustls's default session cache is
-            // preallocated for 256 servers, a kilobyte per remote for nothing.
-            tls.resumption = rustls::client::Resumption::in_memory_sessions(1);
+            // No session resumption: each stored TLS 1.3 ticket keeps a copy
+            // of the server's certificate chain, 3.4 KiB a remote at
+            // 10,000 remotes, to save a certificate check on the rare new
+            // connection (past `maxConnectionAge`, or after a failure).
+            tls.resumption = rustls::client::Resumption::disabled();
             let name = config
                 .tls_server_name
                 .clone()
                 .unwrap_or_else(|| host.clone());
             let name =
                 ServerName::try_from(name.clone()).map_err(|_| Error::InvalidServerName(name))?;
-            Some((tokio_rustls::TlsConnector::from(Arc::new(tls)), name))
+            Some((Arc::new(tls), name))
         } else {
             None
         };
@@ -215,9 +210,10 @@ impl Direct {
         })
     }
 
-    /// The request as kube would send it: base URL, credentials (which may
-    /// run an exec plugin's refresh), extra headers.
-    async fn prepare(&mut self, path: &str) -> Result<http::request::Parts, Failure> {
+    /// The request as kube would send it (base URL, credentials, which may
+    /// run an exec plugin's refresh, extra headers), written out as
+    /// HTTP/1.1: the path and a `Host` header, not the absolute URL.
+    async fn prepare(&mut self, path: &str) -> Result<Vec<u8>, Failure> {
         let request = Request::get(path)
             .body(Empty::new())
             .map_err(|err| Failure::local(&err))?;
@@ -229,90 +225,58 @@ impl Direct {
             .call(request)
             .await
             .map_err(|err| Failure::local(err.as_ref()))?;
-        // HTTP/1.1 sends the path and a Host header, not the absolute URL.
-        let (mut parts, _) = request.into_parts();
-        parts.uri = parts
-            .uri
+        let target = request
+            .uri()
             .path_and_query()
-            .map_or_else(|| Uri::from_static("/"), |pq| Uri::from(pq.clone()));
-        parts.headers.insert(HOST, self.authority.clone());
-        Ok(parts)
+            .map_or("/", http::uri::PathAndQuery::as_str);
+        let mut out = Vec::with_capacity(128);
+        for part in [
+            b"GET ".as_slice(),
+            target.as_bytes(),
+            b" HTTP/1.1\r\nhost: ",
+            self.authority.as_bytes(),
+            b"\r\n",
+        ] {
+            out.extend_from_slice(part);
+        }
+        for (name, value) in request.headers() {
+            if name != HOST {
+                for part in [name.as_str().as_bytes(), b": ", value.as_bytes(), b"\r\n"] {
+                    out.extend_from_slice(part);
+                }
+            }
+        }
+        out.extend_from_slice(b"\r\n");
+        Ok(out)
     }
 
-    /// Sends `parts` on the kept connection, or a new one.
-    async fn exchange(&mut self, parts: &http::request::Parts) -> Result<u16, Failure> {
-        let make = || {
-            let mut request = Request::new(Empty::new());
-            *request.uri_mut() = parts.uri.clone();
-            *request.headers_mut() = parts.headers.clone();
-            request
-        };
+    /// Sends `request` on the kept connection, or a new one.
+    async fn exchange(&mut self, request: &[u8]) -> Result<u16, Failure> {
         // A kept connection may answer long after the remote stopped taking
         // new ones; past its age, the probe checks a new one.
-        if self
-            .conn
-            .as_ref()
-            .is_some_and(|c| c.sender.is_closed() || c.opened.elapsed() >= self.max_age)
+        if let Some(conn) = self.conn.take()
+            && conn.opened.elapsed() < self.max_age
         {
-            self.conn = None;
-        }
-        if self.conn.is_some() {
             // A kept connection may have died since the last probe; a fresh
             // one answers for the remote, as a pool would retry.
-            if let Ok(status) = self.send(make()).await {
+            if let Ok(status) = self.send(conn, request).await {
                 return Ok(status);
             }
         }
-        self.conn = Some(self.connect().await?);
-        self.send(make()).await
+        let conn = self.connect().await?;
+        self.send(conn, request).await
     }
 
-    async fn send(&mut self, request: Request<Empty<Bytes>>) -> Result<u16, Failure> {
-        let result = async {
-            let conn = self.conn.as_mut().ok_or_else(|| Failure::Transport {
-                cause: FailureCause::Reset,
-                error: "no connection".to_owned(),
-            })?;
-            conn.sender
-                .ready()
-                .await
-                .map_err(|err| Failure::transport(&err, FailureCause::Reset))?;
-            let response = match conn.sender.send_request(request).await {
-                Ok(response) => response,
-                // It answered, with more head than is worth reading.
-                Err(err) if err.is_parse_too_large() => return Ok((HEAD_TOO_LARGE, false)),
-                Err(err) => return Err(Failure::transport(&err, FailureCause::Other)),
-            };
-            let status = response.status().as_u16();
-            let closing = response
-                .headers()
-                .get(CONNECTION)
-                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
-            // Read the (small) body so the connection can be reused; a body
-            // that fails mid-way still answered with a status.
-            let body = http_body_util::Limited::new(response.into_body(), MAX_BODY);
-            let complete = match body.collect().await {
-                Ok(_) => true,
-                Err(err) => {
-                    tracing::debug!(error = %root_cause(err.as_ref()), "probe body not fully read");
-                    false
-                }
-            };
-            Ok((status, complete && !closing))
+    /// One exchange on `conn`, which is kept if the answer leaves it clean.
+    async fn send(&mut self, mut conn: Conn, request: &[u8]) -> Result<u16, Failure> {
+        let answer = exchange::exchange(&mut conn.stream, request)
+            .await
+            .map_err(|err| Failure::of_exchange(&err))?;
+        if answer.reusable {
+            conn.stream.idle();
+            self.conn = Some(conn);
         }
-        .await;
-        match result {
-            Ok((status, keep)) => {
-                if !keep {
-                    self.conn = None;
-                }
-                Ok(status)
-            }
-            Err(failure) => {
-                self.conn = None;
-                Err(failure)
-            }
-        }
+        Ok(answer.status)
     }
 
     async fn connect(&self) -> Result<Conn, Failure> {
@@ -344,46 +308,25 @@ impl Direct {
         stream
             .set_nodelay(true)
             .map_err(|err| Failure::transport(&err, FailureCause::Other))?;
-        match &self.tls {
-            None => handshake(stream).await,
-            Some((connector, name)) => {
-                let stream = connector
-                    .connect(name.clone(), stream)
+        let stream = match &self.tls {
+            None => Wire::Plain(stream),
+            Some((config, name)) => Wire::Tls(Box::new(
+                TlsWire::connect(stream, Arc::clone(config), name.clone())
                     .await
-                    .map_err(|err| Failure::transport(&err, FailureCause::Tls))?;
-                handshake(stream).await
-            }
-        }
+                    .map_err(|err| Failure::transport(&err, FailureCause::Tls))?,
+            )),
+        };
+        Ok(Conn {
+            stream,
+            opened: Instant::now(),
+        })
     }
-}
-
-async fn handshake<T>(stream: T) -> Result<Conn, Failure>
-where
-    T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
-{
-    let (sender, connection) = http1::Builder::new()
-        // hyper's adaptive buffer starts at 8 KiB and grows to the most a
-        // head may take; as many headers as fit in it, not hyper's 100.
-        .max_buf_size(MAX_HEAD)
-        .max_headers(MAX_HEAD / 32)
-        .handshake(TokioIo::new(stream))
-        .await
-        .map_err(|err| Failure::transport(&err, FailureCause::Other))?;
-    let task = tokio::spawn(async move {
-        if let Err(err) = connection.await {
-            tracing::debug!(error = %root_cause(&err), "probe connection ended");
-        }
-    });
-    Ok(Conn {
-        sender,
-        task,
-        opened: Instant::now(),
-    })
 }
 
 /// A probe request with its credentials, ready to send.
 enum Prepared {
-    Direct(http::request::Parts),
+    /// The request's bytes.
+    Direct(Vec<u8>),
     /// kube's client adds the credentials itself as it sends.
     Proxied(String),
 }
@@ -398,7 +341,9 @@ impl ProbeClient {
 
     async fn exchange(&mut self, prepared: &Prepared) -> Result<u16, Failure> {
         match (&mut self.0, prepared) {
-            (Transport::Direct(direct), Prepared::Direct(parts)) => direct.exchange(parts).await,
+            (Transport::Direct(direct), Prepared::Direct(request)) => {
+                direct.exchange(request).await
+            }
             (Transport::Proxied(client), Prepared::Proxied(path)) => {
                 proxied_get(client, path).await
             }
@@ -411,6 +356,19 @@ impl ProbeClient {
 
     /// Drops the kept connection, so the next probe opens a new one: after a
     /// probe that did not finish, or when a new connection is to be checked.
+    /// Whether the next probe opens a new connection: none is kept, or the
+    /// kept one is past its age. kube's client (through a proxy) keeps its
+    /// own.
+    pub(crate) fn needs_connection(&self) -> bool {
+        match &self.0 {
+            Transport::Direct(direct) => direct
+                .conn
+                .as_ref()
+                .is_none_or(|conn| conn.opened.elapsed() >= direct.max_age),
+            Transport::Proxied(_) => false,
+        }
+    }
+
     pub(crate) fn reset(&mut self) {
         if let Transport::Direct(direct) = &mut self.0 {
             direct.conn = None;
@@ -427,8 +385,10 @@ impl ProbeClient {
         match &mut self.0 {
             Transport::Direct(direct) => match &mut direct.conn {
                 Some(conn) => {
-                    // The task only ends with the connection, and never panics.
-                    let _ = (&mut conn.task).await;
+                    // Between probes the remote has nothing to say: an end of
+                    // stream, an error or unasked-for bytes all leave the
+                    // connection unusable.
+                    conn.stream.closed().await;
                     direct.conn = None;
                 }
                 None => future::pending().await,
@@ -525,7 +485,8 @@ async fn proxied_get(client: &kube::Client, path: &str) -> Result<u16, Failure> 
                 Outcome::LocalError { .. } | Outcome::Reachable { .. } => Failure::local(&err),
             })?;
     let status = response.status().as_u16();
-    let body = http_body_util::Limited::new(response.into_body(), MAX_BODY);
+    let limit = usize::try_from(MAX_BODY).unwrap_or(usize::MAX);
+    let body = http_body_util::Limited::new(response.into_body(), limit);
     if let Err(err) = body.collect().await {
         tracing::debug!(error = %root_cause(err.as_ref()), "probe body not fully read");
     }

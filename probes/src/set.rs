@@ -8,7 +8,8 @@
 //! - [`ProbeSet::sync`] keeps the task and the state of every identity that
 //!   stays, stops the tasks of identities that go, and deletes the metric
 //!   series of every name that goes.
-//! - Each task probes at once, then every `interval` ± `jitter`, and once
+//! - Each task probes at once, then every `interval` ± `jitter` (put off to
+//!   a grid of at most 20 ms, so that many remotes share a wake-up), and once
 //!   early when the remote closes the connection kept for probing. Every probe
 //!   has its own deadline (`timeout` ≤ `interval / 2`), so one remote never
 //!   delays another, and a probe always reports before the next is due.
@@ -19,6 +20,8 @@
 //!   regular ticks); else the next regular probe uses a new connection. So a
 //!   suspicion reveals what a kept connection hides, and never hurries a
 //!   failing remote toward the threshold.
+//! - New connections are paced across the set (250 at once, then 2,500 a
+//!   second); the wait comes before a probe's deadline starts.
 //! - A task that panics is restarted after one interval; the panic is
 //!   logged and counted.
 //! - Every state change is logged once, counted in
@@ -41,9 +44,21 @@ use tracing::{Instrument as _, error, info, info_span, warn};
 
 use crate::classify::{FailureCause, LocalKind, Outcome, ProbeResult, root_cause};
 use crate::credentials;
-use crate::metrics::Metrics;
+use crate::metrics::{Family, Gauges, Metrics, Series};
 use crate::probe::{ProbeClient, probe_client, probe_once};
 use crate::{Error, Identity, ProbeConfig, Reachability, Remote, Result, Tracker};
+
+/// How many new probe connections may open a second, across every remote,
+/// after a burst of [`CONNECT_BURST`]: at 10,000 remotes the first probes
+/// take four seconds, not one burst of 10,000 TCP and TLS handshakes that
+/// starves the process (and the remotes' load balancers) at once. A kept
+/// connection opens once, so the pace only shows at start, after a reload
+/// that adds many remotes, and when many connections drop at once.
+const CONNECTS_PER_SECOND: u32 = 2_500;
+
+/// How many new connections may open at once before the pace applies: a
+/// handful of remotes are all probed at once.
+const CONNECT_BURST: u32 = 250;
 
 /// How many transitions a slow subscriber may fall behind.
 const TRANSITION_BUFFER: usize = 1024;
@@ -125,8 +140,9 @@ pub struct CheckRow {
 
 #[derive(Debug)]
 struct ProbeState {
-    names: Vec<String>,
-    config: kube::Config,
+    /// The configured names sharing this probe, with their own series.
+    names: Vec<Series>,
+    config: Arc<kube::Config>,
     config_generation: u64,
     tracker: Tracker,
     last: Option<ProbeResult>,
@@ -148,6 +164,28 @@ struct Shared {
 }
 
 impl Shared {
+    /// A remote not probed yet.
+    fn new(host: String, names: Vec<String>, config: Arc<kube::Config>, tracker: Tracker) -> Self {
+        Self {
+            host,
+            state: Mutex::new(ProbeState {
+                names: names.into_iter().map(Series::new).collect(),
+                config,
+                config_generation: 0,
+                tracker,
+                last: None,
+                last_cause: None,
+                last_error: None,
+                local_error: None,
+                last_transition: None,
+                last_probe: None,
+                last_tick: Instant::now(),
+                panics: 0,
+            }),
+            suspected: Notify::new(),
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, ProbeState> {
         // Critical sections only assign fields; a poisoned state is whole.
         self.state
@@ -177,6 +215,39 @@ struct Inner {
     transitions: broadcast::Sender<Transition>,
     probes: Mutex<Probes>,
     created: Instant,
+    connects: Pacer,
+}
+
+/// Spaces out new connections: a generic cell rate algorithm, with every
+/// caller given its own slot, so waiting callers open one by one.
+#[derive(Debug)]
+struct Pacer {
+    /// When the next connection would be due if none had come early.
+    due: Mutex<Instant>,
+}
+
+impl Pacer {
+    fn new() -> Self {
+        Self {
+            due: Mutex::new(Instant::now()),
+        }
+    }
+
+    /// When the caller may open its connection: now, unless more than the
+    /// burst went ahead within the pace.
+    fn slot(&self) -> Instant {
+        let spacing = Duration::from_secs(1) / CONNECTS_PER_SECOND;
+        let now = Instant::now();
+        let mut due = self
+            .due
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let start = (*due).max(now);
+        *due = start + spacing;
+        // The first of a burst is due at `start`, its last `burst - 1`
+        // spacings later.
+        (start.checked_sub(spacing * (CONNECT_BURST - 1))).map_or(now, |at| at.max(now))
+    }
 }
 
 impl Inner {
@@ -210,31 +281,22 @@ fn unix_seconds(time: SystemTime) -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
-/// Sets every gauge of `name` from the state; histograms and counters are
-/// fed where the events happen.
-fn export(metrics: &Metrics, name: &str, host: &str, state: &ProbeState) {
-    metrics
-        .failures
-        .with_label_values(&[name])
-        .set(i64::from(state.tracker.consecutive_failures()));
-    match state.tracker.state() {
-        Reachability::Unknown => {}
-        known => metrics
-            .reachable
-            .with_label_values(&[name, host])
-            .set(i64::from(known == Reachability::Reachable)),
+impl ProbeState {
+    fn names(&self) -> Vec<&str> {
+        self.names.iter().map(|s| s.name.as_str()).collect()
     }
-    if let Some(last) = &state.last {
-        metrics
-            .ready
-            .with_label_values(&[name, host])
-            .set(i64::from(last.ready()));
-    }
-    if let Some(at) = state.last_probe {
-        metrics
-            .last_probe
-            .with_label_values(&[name])
-            .set(unix_seconds(at));
+
+    /// What the gauges say now; a series is absent until it means something.
+    fn gauges(&self) -> Gauges {
+        Gauges {
+            reachable: match self.tracker.state() {
+                Reachability::Unknown => None,
+                known => Some(known == Reachability::Reachable),
+            },
+            ready: self.last.as_ref().map(ProbeResult::ready),
+            failures: self.last_probe.map(|_| self.tracker.consecutive_failures()),
+            last_probe: self.last_probe.map(unix_seconds),
+        }
     }
 }
 
@@ -247,6 +309,21 @@ fn local_error(kind: LocalKind, error: String) -> ProbeResult {
 
 fn jittered(interval: Duration, jitter: f64) -> Duration {
     interval.mul_f64(1.0 + jitter * (2.0 * fastrand::f64() - 1.0))
+}
+
+/// The longest a tick is put off to share a wake-up with others.
+const GRID: Duration = Duration::from_millis(20);
+
+/// `at`, put off to the next point of a grid that starts at `epoch`: one
+/// fiftieth of the interval, at most [`GRID`]. Thousands of remotes then
+/// wake the process a few dozen times per second, each wake-up sending a
+/// batch of probes whose answers come back together, instead of once or
+/// twice per probe; the jitter still spreads the ticks over the grid.
+fn on_grid(at: Instant, epoch: Instant, interval: Duration) -> Instant {
+    let step = (interval / 50).min(GRID).as_nanos().max(1);
+    let since = at.saturating_duration_since(epoch).as_nanos();
+    let late = (step - since % step) % step;
+    at + Duration::from_nanos(u64::try_from(late).unwrap_or(0))
 }
 
 fn panic_message(payload: &(dyn Any + Send)) -> String {
@@ -276,6 +353,7 @@ impl ProbeSet {
                 transitions,
                 probes: Mutex::default(),
                 created: Instant::now(),
+                connects: Pacer::new(),
             }),
         })
     }
@@ -328,50 +406,34 @@ impl ProbeSet {
             }
             probe.stop.cancel();
             let state = probe.shared.lock();
-            for name in &state.names {
-                inner.metrics.forget(name, &probe.shared.host);
-            }
-            info!(remotes = ?state.names, host = %probe.shared.host, "remote removed from config; probe stopped");
+            info!(remotes = ?state.names(), host = %probe.shared.host, "remote removed from config; probe stopped");
             false
         });
         for (identity, group) in wanted {
             let names: Vec<String> = group.iter().map(|r| r.name.clone()).collect();
-            let config = group[0].config.clone();
+            let config = Arc::clone(&group[0].config);
             if let Some(probe) = probes.get(&identity) {
                 let mut state = probe.shared.lock();
-                for gone in state.names.iter().filter(|n| !names.contains(n)) {
-                    inner.metrics.forget(gone, &probe.shared.host);
-                }
-                state.names = names;
+                // Names that stay keep their series; names that go take
+                // theirs with them.
+                let mut kept = std::mem::take(&mut state.names);
+                state.names = names
+                    .into_iter()
+                    .map(|name| match kept.iter().position(|s| s.name == name) {
+                        Some(at) => kept.swap_remove(at),
+                        None => Series::new(name),
+                    })
+                    .collect();
                 state.config = config;
                 state.config_generation += 1;
-                for name in &state.names {
-                    export(&inner.metrics, name, &probe.shared.host, &state);
-                }
             } else {
                 let host = identity.host().to_owned();
                 info!(remotes = ?names, %host, "probing remote apiserver");
-                let shared = Arc::new(Shared {
-                    host: host.clone(),
-                    state: Mutex::new(ProbeState {
-                        names,
-                        config,
-                        config_generation: 0,
-                        tracker: Tracker::new(
-                            inner.config.failure_threshold,
-                            inner.config.success_threshold,
-                        ),
-                        last: None,
-                        last_cause: None,
-                        last_error: None,
-                        local_error: None,
-                        last_transition: None,
-                        last_probe: None,
-                        last_tick: Instant::now(),
-                        panics: 0,
-                    }),
-                    suspected: Notify::new(),
-                });
+                let tracker = Tracker::new(
+                    inner.config.failure_threshold,
+                    inner.config.success_threshold,
+                );
+                let shared = Arc::new(Shared::new(host.clone(), names, config, tracker));
                 let stop = CancellationToken::new();
                 let task = tokio::spawn(
                     supervise_probe(Arc::clone(inner), Arc::clone(&shared), stop.clone())
@@ -389,8 +451,8 @@ impl ProbeSet {
         }
         by_name.clear();
         for probe in probes.values() {
-            for name in &probe.shared.lock().names {
-                by_name.insert(name.clone(), Arc::clone(&probe.shared));
+            for series in &probe.shared.lock().names {
+                by_name.insert(series.name.clone(), Arc::clone(&probe.shared));
             }
         }
         Ok(())
@@ -460,15 +522,43 @@ impl ProbeSetHandle {
             .inc();
     }
 
+    /// Every configured remote's series in Prometheus's text format, in
+    /// pieces of about 64 KiB made as they are taken, so a scrape never
+    /// holds the whole text (17 MiB at 10,000 remotes). No family is also
+    /// in the registry.
+    #[must_use]
+    pub fn metric_chunks(&self) -> MetricChunks {
+        MetricChunks {
+            probes: self
+                .inner
+                .probes()
+                .by_identity
+                .values()
+                .map(|probe| Arc::clone(&probe.shared))
+                .collect(),
+            family: 0,
+            next: 0,
+            started: false,
+        }
+    }
+
+    /// Appends every configured remote's series to `out`: the
+    /// [`metric_chunks`](Self::metric_chunks), whole.
+    pub fn write_metrics(&self, out: &mut Vec<u8>) {
+        for chunk in self.metric_chunks() {
+            out.extend_from_slice(&chunk);
+        }
+    }
+
     /// Every configured remote's status, sorted by name.
     #[must_use]
     pub fn status(&self) -> Vec<RemoteStatus> {
         let mut rows = Vec::new();
         for probe in self.inner.probes().by_identity.values() {
             let state = probe.shared.lock();
-            for name in &state.names {
+            for series in &state.names {
                 rows.push(RemoteStatus {
-                    name: name.clone(),
+                    name: series.name.clone(),
                     host: probe.shared.host.clone(),
                     state: state.tracker.state(),
                     consecutive_failures: state.tracker.consecutive_failures(),
@@ -510,6 +600,58 @@ impl ProbeSetHandle {
             .map(|probe| probe.shared.lock().last_tick)
             .min()
             .unwrap_or(self.inner.created)
+    }
+}
+
+/// The probes' series as text, a piece at a time: see
+/// [`ProbeSetHandle::metric_chunks`].
+#[derive(Debug)]
+pub struct MetricChunks {
+    probes: Vec<Arc<Shared>>,
+    /// The family being written, as an index of [`Family::ALL`].
+    family: usize,
+    /// The next remote of it.
+    next: usize,
+    /// Whether its help and type lines are written.
+    started: bool,
+}
+
+/// The size a piece of [`MetricChunks`] reaches before it is handed on.
+const CHUNK: usize = 64 * 1024;
+
+impl Iterator for MetricChunks {
+    type Item = Vec<u8>;
+
+    fn next(&mut self) -> Option<Vec<u8>> {
+        let mut out = Vec::with_capacity(CHUNK + 4096);
+        while out.len() < CHUNK {
+            let Some(&family) = Family::ALL.get(self.family) else {
+                break;
+            };
+            let Some(shared) = self.probes.get(self.next) else {
+                (self.family, self.next, self.started) = (self.family + 1, 0, false);
+                continue;
+            };
+            self.next += 1;
+            let state = shared.lock();
+            let gauges = state.gauges();
+            for series in &state.names {
+                // A family is written with its first series, or not at all,
+                // as the registry leaves out a family without one.
+                let start = out.len();
+                if !self.started {
+                    family.header(&mut out);
+                }
+                let head = out.len();
+                family.series(&mut out, series, &shared.host, gauges);
+                if out.len() == head {
+                    out.truncate(start);
+                } else {
+                    self.started = true;
+                }
+            }
+        }
+        (!out.is_empty()).then_some(out)
     }
 }
 
@@ -582,7 +724,11 @@ async fn probe_loop(inner: &Inner, shared: &Shared, stop: &CancellationToken) {
         may_probe_early = !early;
         early = false;
         let tick = Instant::now();
-        next = tick + jittered(config.interval, config.jitter);
+        next = on_grid(
+            tick + jittered(config.interval, config.jitter),
+            inner.created,
+            config.interval,
+        );
         let rebuild = {
             let mut state = shared.lock();
             state.last_tick = tick;
@@ -591,54 +737,81 @@ async fn probe_loop(inner: &Inner, shared: &Shared, stop: &CancellationToken) {
                 .then(|| (generation, state.config.clone()))
         };
         if let Some((generation, kube_config)) = rebuild {
-            // Building runs the exec credential plugin, if any: off the
-            // async workers, under its own deadline.
-            // The loop is alive while it waits: it keeps its heartbeat.
-            let probe_config = config.clone();
-            let building_now = credentials::off_workers(&mut building, move || {
-                probe_client(&kube_config, &probe_config)
-            });
-            tokio::pin!(building_now);
-            let mut beat = tokio::time::interval(config.interval);
-            let built = loop {
-                tokio::select! {
-                    biased;
-                    () = stop.cancelled() => return,
-                    built = &mut building_now => break built,
-                    _ = beat.tick() => shared.lock().last_tick = Instant::now(),
-                }
-            };
-            client = match built {
-                Ok(Ok(built)) => Some((generation, built)),
-                Ok(Err(err)) => {
-                    record(
-                        inner,
-                        shared,
-                        local_error(LocalKind::of(&err), root_cause(&err)),
-                    );
+            // Boxed, as the probe below: the task keeps only what waits
+            // between probes.
+            let built = Box::pin(build(inner, shared, stop, &mut building, kube_config)).await;
+            match built {
+                Some(Ok(built)) => client = Some((generation, built)),
+                Some(Err(result)) => {
+                    record(inner, shared, result);
                     continue;
                 }
-                Err(err) => {
-                    record(
-                        inner,
-                        shared,
-                        local_error(LocalKind::of(&err), err.to_string()),
-                    );
-                    continue;
-                }
-            };
+                None => return,
+            }
         }
         let (_, probe_client) = client.as_mut().expect("built above when missing or stale");
         if std::mem::take(&mut fresh) {
             probe_client.reset();
         }
+        if probe_client.needs_connection() {
+            // The wait is the process's, not the remote's: it comes before
+            // the probe's deadline starts.
+            tokio::select! {
+                biased;
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep_until(inner.connects.slot()) => {}
+            }
+        }
         let result = tokio::select! {
             biased;
             () = stop.cancelled() => return,
-            result = probe_once(probe_client, &config.path, config.timeout, &config.unreachable_statuses) => result,
+            result = Box::pin(probe_once(probe_client, &config.path, config.timeout, &config.unreachable_statuses)) => result,
         };
         record(inner, shared, result);
     }
+}
+
+/// Builds a remote's probe client from `kube_config`: the client, the local
+/// error that kept it from being built, or `None` if stopped meanwhile.
+///
+/// Building runs the exec credential plugin, if any: off the async workers,
+/// under its own deadline. The loop is alive while it waits, and keeps its
+/// heartbeat.
+async fn build(
+    inner: &Inner,
+    shared: &Shared,
+    stop: &CancellationToken,
+    building: &mut Option<credentials::Pending<Result<ProbeClient>>>,
+    kube_config: Arc<kube::Config>,
+) -> Option<Result<ProbeClient, ProbeResult>> {
+    let config = &inner.config;
+    let auth = &kube_config.auth_info;
+    if auth.exec.is_none() && auth.auth_provider.is_none() {
+        // Nothing runs a program or calls out: a certificate and a token
+        // file read, built right here rather than on a thread of its own.
+        return Some(
+            probe_client(&kube_config, config)
+                .map_err(|err| local_error(LocalKind::of(&err), root_cause(&err))),
+        );
+    }
+    let probe_config = config.clone();
+    let building_now =
+        credentials::off_workers(building, move || probe_client(&kube_config, &probe_config));
+    tokio::pin!(building_now);
+    let mut beat = tokio::time::interval(config.interval);
+    let built = loop {
+        tokio::select! {
+            biased;
+            () = stop.cancelled() => return None,
+            built = &mut building_now => break built,
+            _ = beat.tick() => shared.lock().last_tick = Instant::now(),
+        }
+    };
+    Some(match built {
+        Ok(Ok(built)) => Ok(built),
+        Ok(Err(err)) => Err(local_error(LocalKind::of(&err), root_cause(&err))),
+        Err(err) => Err(local_error(LocalKind::of(&err), err.to_string())),
+    })
 }
 
 /// Applies one probe result: state, metrics, logs and transitions.
@@ -655,16 +828,13 @@ fn record(inner: &Inner, shared: &Shared, result: ProbeResult) {
             .with_label_values(&[kind.as_str()])
             .inc();
         if state.local_error.as_ref() != Some(error) {
-            warn!(remotes = ?state.names, %host, %kind, %error, "cannot probe from here (local error); not counted toward reachability");
+            warn!(remotes = ?state.names(), %host, %kind, %error, "cannot probe from here (local error); not counted toward reachability");
         }
         state.local_error = Some(error.clone());
-        for name in &state.names {
-            export(metrics, name, host, &state);
-        }
         return;
     }
     if state.local_error.take().is_some() {
-        info!(remotes = ?state.names, %host, "probing works again");
+        info!(remotes = ?state.names(), %host, "probing works again");
     }
 
     let reachable = matches!(result.outcome, Outcome::Reachable { .. });
@@ -674,21 +844,16 @@ fn record(inner: &Inner, shared: &Shared, result: ProbeResult) {
     }
     let from = state.tracker.state();
     let changed = state.tracker.observe(reachable);
-    let result_label = if reachable {
-        "reachable"
+    let result_state = if reachable {
+        Reachability::Reachable
     } else {
-        "unreachable"
+        Reachability::Unreachable
     };
-    for name in &state.names {
-        metrics
-            .duration
-            .with_label_values(&[name.as_str(), result_label])
-            .observe(result.latency.as_secs_f64());
+    let seconds = result.latency.as_secs_f64();
+    for series in &mut state.names {
+        series.observe(result_state, seconds);
     }
     state.last = Some(result);
-    for name in &state.names {
-        export(metrics, name, host, &state);
-    }
     let Some(to) = changed else {
         return;
     };
@@ -699,22 +864,19 @@ fn record(inner: &Inner, shared: &Shared, result: ProbeResult) {
         .flatten();
     if to == Reachability::Unreachable {
         warn!(
-            remotes = ?state.names, %host, failures,
+            remotes = ?state.names(), %host, failures,
             cause = %state.last_cause.map_or("unknown", FailureCause::as_str),
             error = error.as_deref().unwrap_or(""),
             "remote apiserver unreachable"
         );
     } else {
-        info!(remotes = ?state.names, %host, %from, %to, "remote apiserver reachable");
+        info!(remotes = ?state.names(), %host, %from, %to, "remote apiserver reachable");
     }
-    for name in &state.names {
-        metrics
-            .transitions
-            .with_label_values(&[name.as_str(), to.as_str()])
-            .inc();
+    for series in &mut state.names {
+        series.transition(to);
         // Nobody subscribed is fine.
         let _ = inner.transitions.send(Transition {
-            remote: name.clone(),
+            remote: series.name.clone(),
             host: host.to_owned(),
             from,
             to,
@@ -739,7 +901,7 @@ pub async fn check(remotes: &[Remote], config: &ProbeConfig) -> Result<Vec<Check
         groups.entry(identity).or_default().push(remote);
     }
     let probes = groups.into_iter().map(|(identity, group)| async move {
-        let kube_config = group[0].config.clone();
+        let kube_config = Arc::clone(&group[0].config);
         let probe_config = config.clone();
         let built =
             credentials::once_off_workers(move || probe_client(&kube_config, &probe_config)).await;
@@ -789,6 +951,98 @@ mod tests {
             failures: 0,
             error: None,
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn connections_past_the_burst_wait_their_turn_and_the_burst_comes_back() {
+        let pacer = Pacer::new();
+        let start = Instant::now();
+        let spacing = Duration::from_secs(1) / CONNECTS_PER_SECOND;
+        for _ in 0..CONNECT_BURST {
+            assert_eq!(pacer.slot(), start, "within the burst: at once");
+        }
+        assert_eq!(pacer.slot(), start + spacing);
+        assert_eq!(pacer.slot(), start + spacing * 2);
+        // 10,000 more at once: the last opens four seconds on.
+        let last = (0..10_000).map(|_| pacer.slot()).max().expect("slots");
+        assert_eq!(last, start + spacing * 10_002);
+        // Once the pace has caught up, a burst is at once again.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let now = Instant::now();
+        for _ in 0..CONNECT_BURST {
+            assert_eq!(pacer.slot(), now);
+        }
+    }
+
+    #[test]
+    fn metrics_come_in_pieces_with_each_family_whole_and_once() {
+        let tracker = || Tracker::new(3, 1);
+        let config = Arc::new(kube::Config::new("http://h:1".parse().expect("a URL")));
+        let probes: Vec<Arc<Shared>> = (0..400)
+            .map(|i| {
+                let shared = Shared::new(
+                    format!("h{i}:1"),
+                    vec![format!("r{i}")],
+                    Arc::clone(&config),
+                    tracker(),
+                );
+                {
+                    let mut state = shared.lock();
+                    state.last_probe = Some(SystemTime::now());
+                    state.last = Some(ProbeResult {
+                        outcome: Outcome::Reachable { status: 200 },
+                        latency: Duration::from_millis(2),
+                    });
+                    state.tracker.observe(true);
+                    state.names[0].observe(Reachability::Reachable, 0.002);
+                }
+                Arc::new(shared)
+            })
+            .collect();
+        let chunks: Vec<Vec<u8>> = MetricChunks {
+            probes,
+            family: 0,
+            next: 0,
+            started: false,
+        }
+        .collect();
+        assert!(chunks.len() > 1, "400 remotes' histograms fit in one piece");
+        assert!(
+            chunks.iter().all(|c| c.len() < CHUNK + 4096),
+            "a piece ran over"
+        );
+        let text = String::from_utf8(chunks.concat()).expect("utf-8");
+        let mut family = "";
+        let mut seen = Vec::new();
+        for line in text.lines() {
+            if let Some(name) = line.strip_prefix("# TYPE ") {
+                family = name.split(' ').next().expect("a name");
+                assert!(!seen.contains(&family), "{family} twice");
+                seen.push(family);
+            } else if !line.starts_with('#') {
+                assert!(
+                    line.starts_with(family),
+                    "{line} outside its family {family}"
+                );
+            }
+        }
+        // No transition happened: that family is left out, not empty.
+        assert_eq!(seen.len(), Family::ALL.len() - 1, "{seen:?}");
+        assert_eq!(text.matches("le=\"+Inf\"} 1").count(), 400);
+    }
+
+    #[test]
+    fn ticks_are_put_off_to_the_grid_and_never_brought_forward() {
+        let epoch = Instant::now();
+        let interval = Duration::from_secs(10);
+        let ms = Duration::from_millis;
+        assert_eq!(on_grid(epoch + ms(40), epoch, interval), epoch + ms(40));
+        assert_eq!(on_grid(epoch + ms(41), epoch, interval), epoch + ms(60));
+        assert_eq!(on_grid(epoch + ms(59), epoch, interval), epoch + ms(60));
+        // A short interval gets a finer grid: a fiftieth of it.
+        let short = Duration::from_millis(100);
+        assert_eq!(on_grid(epoch + ms(3), epoch, short), epoch + ms(4));
+        assert_eq!(on_grid(epoch, epoch, short), epoch);
     }
 
     #[test]

@@ -109,6 +109,32 @@ async fn transport_failures_are_unreachable_with_their_cause() {
 }
 
 #[tokio::test]
+async fn a_client_certificate_is_presented_and_none_is_a_tls_failure() {
+    let server = ApiServer::start(Options::default().tls(true).client_certs(true))
+        .await
+        .expect("server");
+    let config = config_of(&server).await;
+    let mut client = probe_client(&config, &one_off()).expect("client");
+    for _ in 0..2 {
+        let result = probe_once(&mut client, "/readyz", TIMEOUT, &[]).await;
+        assert_eq!(result.outcome, Outcome::Reachable { status: 200 });
+    }
+    assert_eq!(
+        server.stats().connections_accepted,
+        1,
+        "the connection was kept"
+    );
+    let mut without = config;
+    without.auth_info.client_certificate_data = None;
+    without.auth_info.client_key_data = None;
+    let mut client = probe_client(&without, &one_off()).expect("client");
+    let outcome = probe_once(&mut client, "/readyz", TIMEOUT, &[])
+        .await
+        .outcome;
+    assert_eq!(cause_of(&outcome), FailureCause::Tls, "{outcome:?}");
+}
+
+#[tokio::test]
 async fn an_unresolvable_host_is_a_dns_failure() {
     let config = kube::Config::new(
         "https://tether-probe-test.invalid:6443"
@@ -180,11 +206,13 @@ async fn until(
     .unwrap_or_else(|_| panic!("{name} never reached: {what}; status {:?}", handle.status()));
 }
 
-fn metric_text(registry: &Registry) -> String {
+/// What `/metrics` serves: the registry's families, then the probes'.
+fn metric_text(registry: &Registry, probes: &ProbeSetHandle) -> String {
     let mut out = Vec::new();
     TextEncoder::new()
         .encode(&registry.gather(), &mut out)
         .expect("encodes");
+    probes.write_metrics(&mut out);
     String::from_utf8(out).expect("utf-8")
 }
 
@@ -239,7 +267,7 @@ async fn a_dead_remote_is_unreachable_on_the_third_failure_exactly_once() {
         rx.try_recv().is_err(),
         "a second transition while still down"
     );
-    let text = metric_text(&registry);
+    let text = metric_text(&registry, &probes.handle());
     let host = server.addr().to_string();
     assert!(
         text.contains("tether_remote_transitions_total{remote=\"a\",to=\"unreachable\"} 1"),
@@ -386,7 +414,7 @@ async fn two_names_for_one_server_make_one_probe_reported_under_both() {
     .expect("probes happen");
     drop(probes);
     // Both names report every probe, and each probe reached the server once.
-    let text = metric_text(&registry);
+    let text = metric_text(&registry, &handle);
     let count = |name: &str| -> u64 {
         let prefix = format!(
             "tether_remote_probe_duration_seconds_count{{remote=\"{name}\",result=\"reachable\"}} "
@@ -445,7 +473,7 @@ async fn sync_keeps_the_state_of_a_remote_that_stays_and_deletes_removed_series(
         after[0].consecutive_failures >= streak,
         "the reload reset the streak"
     );
-    let text = metric_text(&registry);
+    let text = metric_text(&registry, &probes.handle());
     assert!(
         !text.contains("remote=\"b\""),
         "series of the removed remote remain:\n{text}"
@@ -561,6 +589,7 @@ async fn no_secret_reaches_a_log_line_or_a_metric_label() {
     let rows = check(&[Remote::new("a", config)], &fast(3, 1))
         .await
         .expect("check");
+    let handle = probes.handle();
     drop(probes);
 
     let logs = String::from_utf8(logs.0.lock().expect("not poisoned").clone()).expect("utf-8");
@@ -568,7 +597,7 @@ async fn no_secret_reaches_a_log_line_or_a_metric_label() {
         logs.contains("remote apiserver unreachable"),
         "the logs were not captured:\n{logs}"
     );
-    let metrics = metric_text(&registry);
+    let metrics = metric_text(&registry, &handle);
     for secret in [TOKEN, PASSWORD] {
         assert!(!logs.contains(secret), "{secret} in the logs:\n{logs}");
         assert!(

@@ -458,7 +458,7 @@ pub(crate) async fn start_in_process_with(
         resolved.push(ResolvedRemote {
             name: (*name).to_owned(),
             required: *required,
-            config: config_of(server).await,
+            config: config_of(server).await.into(),
         });
     }
     probes

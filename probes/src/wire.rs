@@ -1,0 +1,313 @@
+//! The connection a probe keeps: plain TCP, or TLS through rustls's
+//! unbuffered API.
+//!
+//! rustls's buffered connection (what `tokio-rustls` wraps) keeps a 4 KiB
+//! read buffer for the life of the connection; at 10,000 kept connections
+//! that is 40 MiB holding nothing between probes. Here the probe owns the
+//! buffers: TLS bytes are read into one that exists only while records are
+//! being taken apart, and nothing is buffered while the connection idles.
+
+use std::io;
+use std::sync::Arc;
+
+use rustls::client::UnbufferedClientConnection;
+use rustls::pki_types::ServerName;
+use rustls::unbuffered::{
+    ConnectionState, EncodeError, EncryptError, InsufficientSizeError, UnbufferedStatus,
+};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+
+/// How much is read from the socket at a time.
+const READ_SIZE: usize = 4096;
+
+/// What a probe exchanges requests and answers over.
+pub(crate) trait Transport {
+    /// Sends all of `bytes`.
+    fn send(&mut self, bytes: &[u8]) -> impl Future<Output = io::Result<()>> + Send;
+    /// Appends what the peer sends next to `buf`: how much, 0 at its end.
+    fn recv(&mut self, buf: &mut Vec<u8>) -> impl Future<Output = io::Result<usize>> + Send;
+}
+
+/// A kept connection.
+pub(crate) enum Wire {
+    Plain(TcpStream),
+    Tls(Box<TlsWire>),
+}
+
+pub(crate) struct TlsWire {
+    tcp: TcpStream,
+    conn: UnbufferedClientConnection,
+    /// TLS bytes read and not yet taken apart; unallocated while idle.
+    incoming: Vec<u8>,
+}
+
+/// What taking apart the records read so far gave.
+enum Pumped {
+    /// Plaintext, this many bytes of it.
+    Data(usize),
+    /// TLS bytes rustls wants sent (a handshake message, an alert).
+    Send(Vec<u8>),
+    /// Nothing yet: more bytes are needed.
+    More,
+    /// The peer closed the connection.
+    End,
+}
+
+fn tls_error(error: rustls::Error) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, error)
+}
+
+/// Makes `out` at least `size` bytes past `used`.
+fn room(out: &mut Vec<u8>, used: usize, size: usize) {
+    if out.len() < used + size {
+        out.resize(used + size, 0);
+    }
+}
+
+impl TlsWire {
+    /// The TLS handshake on `tcp`.
+    pub(crate) async fn connect(
+        tcp: TcpStream,
+        config: Arc<rustls::ClientConfig>,
+        name: ServerName<'static>,
+    ) -> io::Result<Self> {
+        let conn = UnbufferedClientConnection::new(config, name).map_err(tls_error)?;
+        let mut wire = Self {
+            tcp,
+            conn,
+            incoming: Vec::new(),
+        };
+        loop {
+            match wire.pump(None)? {
+                Pumped::Send(bytes) => wire.tcp.write_all(&bytes).await?,
+                Pumped::More if wire.conn.is_handshaking() => wire.read_more().await?,
+                Pumped::More | Pumped::Data(_) => break,
+                Pumped::End => return Err(io::ErrorKind::UnexpectedEof.into()),
+            }
+        }
+        wire.shrink();
+        Ok(wire)
+    }
+
+    /// Reads more TLS bytes; the peer's end is an error here, as records
+    /// are still expected.
+    async fn read_more(&mut self) -> io::Result<()> {
+        self.incoming.reserve(READ_SIZE);
+        match self.tcp.read_buf(&mut self.incoming).await? {
+            0 => Err(io::ErrorKind::UnexpectedEof.into()),
+            _ => Ok(()),
+        }
+    }
+
+    /// Frees the read buffer once it holds nothing.
+    fn shrink(&mut self) {
+        if self.incoming.is_empty() {
+            self.incoming = Vec::new();
+        }
+    }
+
+    /// Takes apart the records read so far, appending any plaintext to
+    /// `plain` (or, with `None`, refusing plaintext as out of place).
+    fn pump(&mut self, mut plain: Option<&mut Vec<u8>>) -> io::Result<Pumped> {
+        let mut out = Vec::new();
+        loop {
+            let UnbufferedStatus { mut discard, state } =
+                self.conn.process_tls_records(&mut self.incoming);
+            let pumped = match state.map_err(tls_error)? {
+                ConnectionState::ReadTraffic(mut traffic) => {
+                    let mut got = 0;
+                    while let Some(record) = traffic.next_record() {
+                        let record = record.map_err(tls_error)?;
+                        discard += record.discard;
+                        got += record.payload.len();
+                        match plain.as_deref_mut() {
+                            Some(plain) => plain.extend_from_slice(record.payload),
+                            None => {
+                                return Err(io::Error::new(
+                                    io::ErrorKind::InvalidData,
+                                    "the peer sent data nobody asked for",
+                                ));
+                            }
+                        }
+                    }
+                    Some(Pumped::Data(got))
+                }
+                ConnectionState::EncodeTlsData(mut encode) => {
+                    let used = out.len();
+                    room(&mut out, used, READ_SIZE);
+                    loop {
+                        match encode.encode(&mut out[used..]) {
+                            Ok(written) => {
+                                out.truncate(used + written);
+                                break;
+                            }
+                            Err(EncodeError::InsufficientSize(InsufficientSizeError {
+                                required_size,
+                            })) => room(&mut out, used, required_size),
+                            Err(err) => return Err(io::Error::other(err.to_string())),
+                        }
+                    }
+                    None
+                }
+                ConnectionState::TransmitTlsData(transmit) => {
+                    // Sent by the caller before it reads or writes again.
+                    transmit.done();
+                    Some(Pumped::Send(std::mem::take(&mut out)))
+                }
+                ConnectionState::PeerClosed | ConnectionState::Closed => Some(Pumped::End),
+                // Done with what was read: the handshake waits for more, or
+                // the connection is open for traffic.
+                _ => Some(Pumped::More),
+            };
+            self.incoming.drain(..discard);
+            match pumped {
+                Some(Pumped::Data(0)) | None => {}
+                Some(pumped) => return Ok(pumped),
+            }
+        }
+    }
+
+    /// Resolves when the idle connection can carry no next request: the
+    /// peer closed it, failed, or sent anything but TLS housekeeping (a
+    /// session ticket).
+    ///
+    /// # Cancellation safety
+    ///
+    /// Cancel safe: it reads only once the socket is readable, without
+    /// waiting.
+    async fn closed(&mut self) {
+        loop {
+            if self.tcp.readable().await.is_err() {
+                return;
+            }
+            self.incoming.reserve(READ_SIZE);
+            match self.tcp.try_read_buf(&mut self.incoming) {
+                Ok(0) => return,
+                Ok(_) => {}
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(_) => return,
+            }
+            match self.pump(None) {
+                Ok(Pumped::More) => self.shrink(),
+                _ => return,
+            }
+        }
+    }
+}
+
+impl Transport for TlsWire {
+    async fn send(&mut self, bytes: &[u8]) -> io::Result<()> {
+        let mut out = Vec::new();
+        loop {
+            let UnbufferedStatus { discard, state } =
+                self.conn.process_tls_records(&mut self.incoming);
+            let done = match state.map_err(tls_error)? {
+                ConnectionState::WriteTraffic(mut traffic) => {
+                    let used = out.len();
+                    room(&mut out, used, bytes.len() + 64);
+                    loop {
+                        match traffic.encrypt(bytes, &mut out[used..]) {
+                            Ok(written) => {
+                                out.truncate(used + written);
+                                break;
+                            }
+                            Err(EncryptError::InsufficientSize(InsufficientSizeError {
+                                required_size,
+                            })) => room(&mut out, used, required_size),
+                            Err(err) => return Err(io::Error::other(err.to_string())),
+                        }
+                    }
+                    true
+                }
+                ConnectionState::EncodeTlsData(mut encode) => {
+                    let used = out.len();
+                    room(&mut out, used, READ_SIZE);
+                    let written = encode
+                        .encode(&mut out[used..])
+                        .map_err(|err| io::Error::other(err.to_string()))?;
+                    out.truncate(used + written);
+                    false
+                }
+                ConnectionState::TransmitTlsData(transmit) => {
+                    transmit.done();
+                    false
+                }
+                ConnectionState::PeerClosed | ConnectionState::Closed => {
+                    return Err(io::ErrorKind::BrokenPipe.into());
+                }
+                _ => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "the connection is not ready for a request",
+                    ));
+                }
+            };
+            self.incoming.drain(..discard);
+            if done {
+                break;
+            }
+        }
+        self.tcp.write_all(&out).await
+    }
+
+    async fn recv(&mut self, buf: &mut Vec<u8>) -> io::Result<usize> {
+        loop {
+            let pumped = self.pump(Some(buf))?;
+            match pumped {
+                Pumped::Data(n) => return Ok(n),
+                Pumped::End => return Ok(0),
+                Pumped::Send(bytes) => self.tcp.write_all(&bytes).await?,
+                Pumped::More => {
+                    self.incoming.reserve(READ_SIZE);
+                    if self.tcp.read_buf(&mut self.incoming).await? == 0 {
+                        return Ok(0);
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Wire {
+    /// See [`TlsWire::closed`]; for plain TCP, the first byte or end read.
+    ///
+    /// # Cancellation safety
+    ///
+    /// Cancel safe.
+    pub(crate) async fn closed(&mut self) {
+        match self {
+            Self::Plain(tcp) => {
+                let mut byte = [0_u8; 1];
+                let _ = tcp.read(&mut byte).await;
+            }
+            Self::Tls(tls) => tls.closed().await,
+        }
+    }
+
+    /// Lets go of buffers once an exchange is over.
+    pub(crate) fn idle(&mut self) {
+        if let Self::Tls(tls) = self {
+            tls.shrink();
+        }
+    }
+}
+
+impl Transport for Wire {
+    async fn send(&mut self, bytes: &[u8]) -> io::Result<()> {
+        match self {
+            Self::Plain(tcp) => tcp.write_all(bytes).await,
+            Self::Tls(tls) => tls.send(bytes).await,
+        }
+    }
+
+    async fn recv(&mut self, buf: &mut Vec<u8>) -> io::Result<usize> {
+        match self {
+            Self::Plain(tcp) => {
+                buf.reserve(READ_SIZE.min(buf.capacity().max(1024)));
+                tcp.read_buf(buf).await
+            }
+            Self::Tls(tls) => tls.recv(buf).await,
+        }
+    }
+}
