@@ -55,6 +55,18 @@ struct Args {
     /// remote) or `none` (`watch: []`: probes only, as blackbox does).
     #[arg(long, default_value = "default")]
     watch: String,
+    /// Configure this many of the remotes only after the measurement, by a
+    /// reload (SIGHUP), and time the probes already running across it.
+    #[arg(long, default_value_t = 0)]
+    reload_add: usize,
+    /// Run tether under callgrind, and count the instructions it runs while
+    /// measuring (its wall-clock figures are then valgrind's).
+    #[arg(long)]
+    callgrind: bool,
+    /// Run tether under this command (`heaptrack -o FILE`), in a process
+    /// group stopped with SIGTERM; its CPU and RSS are then the wrapper's.
+    #[arg(long)]
+    wrap: Option<String>,
     /// Where to write the JSON.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -186,6 +198,9 @@ struct Process {
     name: &'static str,
     child: Child,
     lines: Arc<Mutex<Vec<String>>>,
+    /// Stopped with SIGTERM to its process group, so that a wrapper
+    /// (heaptrack, valgrind) writes its profile.
+    graceful: bool,
 }
 
 impl Process {
@@ -203,7 +218,12 @@ impl Process {
                 sink.lock().expect("lines").push(line);
             }
         });
-        Ok(Self { name, child, lines })
+        Ok(Self {
+            name,
+            child,
+            lines,
+            graceful: false,
+        })
     }
 
     fn pid(&self) -> u32 {
@@ -279,6 +299,16 @@ impl Process {
 
 impl Drop for Process {
     fn drop(&mut self) {
+        if self.graceful {
+            let group = format!("-{}", self.pid());
+            let _ = Command::new("kill").args(["-TERM", "--", &group]).status();
+            let _ = poll(
+                self.name,
+                Duration::from_secs(120),
+                Duration::from_millis(200),
+                || Ok(self.child.try_wait().ok().flatten().map(|_| ())),
+            );
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -511,6 +541,7 @@ fn name(i: usize) -> String {
 /// form, and `watch` as a YAML value.
 fn tether_config(
     remotes: &Remotes,
+    configured: usize,
     admin: &str,
     probe: &str,
     supervisor: &str,
@@ -519,7 +550,7 @@ fn tether_config(
     let mut yaml = format!(
         "admin: {{ address: \"{admin}\" }}\nprobe: {probe}\nsupervisor: {supervisor}\nwatch: {watch}\nremotes:\n"
     );
-    for i in 0..remotes.len() {
+    for i in 0..configured {
         let _ = writeln!(
             yaml,
             "  - {{ name: {n}, kubeconfig: {n}.kubeconfig }}",
@@ -532,16 +563,34 @@ fn tether_config(
 }
 
 fn start_tether(config: &Path) -> Result<Process> {
-    Process::spawn(
-        "tether",
-        Command::new(tether_binary()?).args([
-            "run",
-            "--config",
-            &config.to_string_lossy(),
-            "--log-format",
-            "json",
-        ]),
-    )
+    start_tether_under(config, &[])
+}
+
+/// tether, run under `wrap` (a profiler's command line) if it is not empty.
+fn start_tether_under(config: &Path, wrap: &[String]) -> Result<Process> {
+    let binary = tether_binary()?;
+    let mut command = match wrap.split_first() {
+        None => Command::new(&binary),
+        Some((program, args)) => {
+            let mut command = Command::new(program);
+            command.args(args).arg(&binary);
+            command
+        }
+    };
+    command.args([
+        "run",
+        "--config",
+        &config.to_string_lossy(),
+        "--log-format",
+        "json",
+    ]);
+    if wrap.is_empty() {
+        return Process::spawn("tether", &mut command);
+    }
+    std::os::unix::process::CommandExt::process_group(&mut command, 0);
+    let mut process = Process::spawn("tether", &mut command)?;
+    process.graceful = true;
+    Ok(process)
 }
 
 /// Waits until tether reports every remote reachable and its manager up.
@@ -594,23 +643,48 @@ fn scale(args: &Args) -> Result<Value> {
     // In the side-by-side run both sides call a remote lost on its first
     // failed probe, as blackbox's probe_success does.
     let threshold = if args.blackbox { 1 } else { 3 };
-    let config = tether_config(
-        &remotes,
-        &admin,
-        &format!(
-            "{{ interval: {interval}s, timeout: {}s, failureThreshold: {threshold} }}",
-            interval / 2.0
-        ),
-        "{ rebuildOnRecovery: true }",
-        match args.watch.as_str() {
-            "default" => "[{ apiVersion: v1, kind: Namespace }]",
-            "none" => "[]",
-            other => return Err(format!("--watch {other}: say default or none")),
-        },
-    )?;
-    let mut tether = start_tether(&config)?;
-    let warmup = until_all_reachable(&mut tether, &admin, count)?;
-    eprintln!("tether: all {count} reachable and the manager up after {warmup:.1?}");
+    let configured = count
+        .checked_sub(args.reload_add)
+        .ok_or("--reload-add is more than --remotes")?;
+    let watch = match args.watch.as_str() {
+        "default" => "[{ apiVersion: v1, kind: Namespace }]",
+        "none" => "[]",
+        other => return Err(format!("--watch {other}: say default or none")),
+    };
+    let config_with = |configured| {
+        tether_config(
+            &remotes,
+            configured,
+            &admin,
+            &format!(
+                "{{ interval: {interval}s, timeout: {}s, failureThreshold: {threshold} }}",
+                interval / 2.0
+            ),
+            "{ rebuildOnRecovery: true }",
+            watch,
+        )
+    };
+    let config = config_with(configured)?;
+    let wrap: Vec<String> = if args.callgrind {
+        vec![
+            "valgrind".to_owned(),
+            "--tool=callgrind".to_owned(),
+            format!(
+                "--callgrind-out-file={}",
+                remotes.path("callgrind.out").display()
+            ),
+        ]
+    } else {
+        args.wrap
+            .as_deref()
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect()
+    };
+    let mut tether = start_tether_under(&config, &wrap)?;
+    let warmup = until_all_reachable(&mut tether, &admin, configured)?;
+    eprintln!("tether: all {configured} reachable and the manager up after {warmup:.1?}");
 
     let mut peers = if args.blackbox {
         Some(start_blackbox(&remotes, interval)?)
@@ -633,10 +707,21 @@ fn scale(args: &Args) -> Result<Value> {
     }
 
     eprintln!("measuring for {:?}", args.measure);
+    let probes_before = probes_finished(&admin)?;
+    if args.callgrind {
+        callgrind_control(&tether, "-z")?;
+    }
     let t0 = sample(&tether);
     let peers_before = peers.as_ref().map(|(b, p, _)| (sample(b), sample(p)));
     std::thread::sleep(args.measure);
     let tether_cpu = cpu_percent(&tether, &t0);
+    let instructions = if args.callgrind {
+        callgrind_control(&tether, "-d")?;
+        Some(callgrind_instructions(&remotes)?)
+    } else {
+        None
+    };
+    let probes = probes_finished(&admin)? - probes_before;
     let peer_cpu = peers
         .as_ref()
         .zip(peers_before.as_ref())
@@ -676,6 +761,13 @@ fn scale(args: &Args) -> Result<Value> {
             ),
         ),
         (
+            "probes while measuring".to_owned(),
+            format!(
+                "{probes:.0} ({:.1} µs of CPU each)",
+                tether_cpu / 100.0 * args.measure.as_secs_f64() / probes * 1e6
+            ),
+        ),
+        (
             "/status.json (median / max of 5)".to_owned(),
             format!(
                 "{status_median:.1} / {status_max:.1} ms, {} KiB",
@@ -700,8 +792,40 @@ fn scale(args: &Args) -> Result<Value> {
             "status_json_ms_max": status_max,
             "status_json_bytes": status_size,
             "failure_threshold": threshold,
+            "probes_measured": probes,
         },
     });
+    if let Some(instructions) = instructions {
+        rows.push((
+            "instructions (callgrind, while measuring)".to_owned(),
+            format!(
+                "{instructions} ({:.0} a probe)",
+                instructions as f64 / probes
+            ),
+        ));
+        report["tether"]["instructions"] = json!(instructions);
+        report["tether"]["instructions_per_probe"] = json!(instructions as f64 / probes);
+    }
+    if args.reload_add > 0 {
+        config_with(count)?;
+        let (gap_before, gap_across, took) =
+            reload_adding(&mut tether, &admin, configured, count, interval)?;
+        rows.push((
+            format!("reload adding {}: all reachable after", args.reload_add),
+            format!("{took:.1}s"),
+        ));
+        rows.push((
+            "longest gap between two probes of a running remote (before / across the reload)"
+                .to_owned(),
+            format!("{gap_before:.2}s / {gap_across:.2}s"),
+        ));
+        report["reload"] = json!({
+            "added": args.reload_add,
+            "all_reachable_seconds": took,
+            "max_probe_gap_before_seconds": gap_before,
+            "max_probe_gap_across_seconds": gap_across,
+        });
+    }
 
     if let (Some((blackbox, prometheus, prom_addr)), Some((b_cpu, p_cpu))) =
         (peers.as_mut(), peer_cpu)
@@ -747,6 +871,140 @@ fn scale(args: &Args) -> Result<Value> {
     }
     print_table(&rows);
     Ok(report)
+}
+
+/// Probes finished so far, by the probe histograms' counts.
+fn probes_finished(admin: &str) -> Result<f64> {
+    let (_, text, _) = http_get(admin, "/metrics")?;
+    Ok(metric_sum(
+        &text,
+        "tether_remote_probe_duration_seconds_count",
+        "",
+    ))
+}
+
+/// Runs `callgrind_control FLAG PID`: `-z` zeroes the counts, `-d` dumps.
+fn callgrind_control(tether: &Process, flag: &str) -> Result<()> {
+    let tool = which("callgrind_control", "apt-get install valgrind")?;
+    let status = Command::new(tool)
+        .args([flag, &tether.pid().to_string()])
+        .stdout(Stdio::null())
+        .status()
+        .map_err(|e| e.to_string())?;
+    status
+        .success()
+        .then_some(())
+        .ok_or_else(|| format!("callgrind_control {flag}: {status}"))
+}
+
+/// The instructions (`Ir`) of the newest callgrind dump.
+fn callgrind_instructions(remotes: &Remotes) -> Result<u64> {
+    let newest = std::fs::read_dir(remotes.dir.path())
+        .map_err(|e| e.to_string())?
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with("callgrind.out"))
+        .max_by_key(|e| e.metadata().and_then(|m| m.modified()).ok())
+        .ok_or("no callgrind dump")?;
+    let text = std::fs::read_to_string(newest.path()).map_err(|e| e.to_string())?;
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix("summary: ")
+                .or_else(|| l.strip_prefix("totals: "))
+        })
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .ok_or_else(|| "the callgrind dump has no summary".to_owned())
+}
+
+/// Each remote's last probe (unix seconds), and how many are reachable,
+/// from one `/metrics`.
+fn last_probes(admin: &str) -> Result<(BTreeMap<String, f64>, f64)> {
+    let (_, text, _) = http_get(admin, "/metrics")?;
+    let last = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("tether_remote_probe_last_timestamp_seconds{remote=\""))
+        .filter_map(|l| {
+            let (name, rest) = l.split_once('"')?;
+            Some((name.to_owned(), rest.rsplit_once(' ')?.1.parse().ok()?))
+        })
+        .collect();
+    Ok((
+        last,
+        metric_sum(&text, "tether_remote_apiserver_reachable", ""),
+    ))
+}
+
+/// Reloads tether (SIGHUP) onto its config file, which now lists `count`
+/// remotes where it listed `configured`, and follows every running remote's
+/// probes from 1.5 intervals before the reload until 1.5 intervals after
+/// the new ones are reachable. Gives the longest gap between two probes of
+/// one running remote before the reload and across it, and how long the new
+/// remotes took to be reachable.
+fn reload_adding(
+    tether: &mut Process,
+    admin: &str,
+    configured: usize,
+    count: usize,
+    interval: f64,
+) -> Result<(f64, f64, f64)> {
+    let mut seen: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    let follow = |seen: &mut BTreeMap<String, Vec<f64>>| -> Result<f64> {
+        let (last, reachable) = last_probes(admin)?;
+        for (name, at) in last {
+            let times = seen.entry(name).or_default();
+            if times.last() != Some(&at) {
+                times.push(at);
+            }
+        }
+        Ok(reachable)
+    };
+    let started = Instant::now();
+    while started.elapsed().as_secs_f64() < interval * 1.5 {
+        follow(&mut seen)?;
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let reload_at = now();
+    let reloaded = Instant::now();
+    let status = Command::new("kill")
+        .args(["-HUP", &tether.pid().to_string()])
+        .status()
+        .map_err(|e| e.to_string())?;
+    if !status.success() {
+        return Err(format!("kill -HUP: {status}"));
+    }
+    let mut took = None;
+    #[allow(clippy::cast_precision_loss)]
+    let want = count as f64;
+    loop {
+        tether.alive()?;
+        let reachable = follow(&mut seen)?;
+        if took.is_none() && reachable >= want {
+            took = Some(reloaded.elapsed().as_secs_f64());
+        }
+        match took {
+            Some(took) if reloaded.elapsed().as_secs_f64() > took + interval * 1.5 => break,
+            None if reloaded.elapsed() > Duration::from_secs(600) => {
+                return Err("the added remotes: not all reachable within 600s".to_owned());
+            }
+            _ => std::thread::sleep(Duration::from_secs(1)),
+        }
+    }
+    let (mut gap_before, mut gap_across) = (0.0_f64, 0.0_f64);
+    let running = seen.iter().filter(|(name, _)| {
+        name.strip_prefix("remote-")
+            .and_then(|i| i.parse::<usize>().ok())
+            .is_some_and(|i| i < configured)
+    });
+    for (_, times) in running {
+        for pair in times.windows(2) {
+            let gap = pair[1] - pair[0];
+            if pair[1] < reload_at {
+                gap_before = gap_before.max(gap);
+            } else {
+                gap_across = gap_across.max(gap);
+            }
+        }
+    }
+    Ok((gap_before, gap_across, took.unwrap_or_default()))
 }
 
 /// Five `GET path`s: the median and the most milliseconds, and the size.
@@ -967,6 +1225,7 @@ fn detection(trials: usize) -> Result<Value> {
     let admin = format!("127.0.0.1:{}", free_port()?);
     let config = tether_config(
         &remotes,
+        remotes.len(),
         &admin,
         "{ interval: 1s, timeout: 500ms, failureThreshold: 3, jitter: 0.1 }",
         "{ backoff: { initial: 200ms, max: 200ms, jitter: 0.0 }, stableAfter: 1s }",
@@ -1081,6 +1340,7 @@ fn detection(trials: usize) -> Result<Value> {
     let max_age = 5.0;
     let config = tether_config(
         &remotes,
+        remotes.len(),
         &admin,
         "{ interval: 1s, timeout: 500ms, failureThreshold: 3, jitter: 0.1, maxConnectionAge: 5s }",
         "{ backoff: { initial: 200ms, max: 200ms, jitter: 0.0 } }",
