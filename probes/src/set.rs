@@ -8,8 +8,9 @@
 //! - [`ProbeSet::sync`] keeps the task and the state of every identity that
 //!   stays, stops the tasks of identities that go, and deletes the metric
 //!   series of every name that goes.
-//! - Each task probes at once, then every `interval` ± `jitter` (put off to
-//!   a grid of at most 20 ms, so that many remotes share a wake-up), and once
+//! - Each task probes at once, then every `interval` ± `jitter` (moved to
+//!   the nearest point of a grid of at most 20 ms, so that many remotes
+//!   share a wake-up), and once
 //!   early when the remote closes the connection kept for probing. Every probe
 //!   has its own deadline (`timeout` ≤ `interval / 2`), so one remote never
 //!   delays another, and a probe always reports before the next is due.
@@ -311,19 +312,25 @@ fn jittered(interval: Duration, jitter: f64) -> Duration {
     interval.mul_f64(1.0 + jitter * (2.0 * fastrand::f64() - 1.0))
 }
 
-/// The longest a tick is put off to share a wake-up with others.
+/// The widest step of the grid ticks are moved to.
 const GRID: Duration = Duration::from_millis(20);
 
-/// `at`, put off to the next point of a grid that starts at `epoch`: one
-/// fiftieth of the interval, at most [`GRID`]. Thousands of remotes then
-/// wake the process a few dozen times per second, each wake-up sending a
-/// batch of probes whose answers come back together, instead of once or
-/// twice per probe; the jitter still spreads the ticks over the grid.
+/// `at`, moved to the nearest point of a grid that starts at `epoch`, with
+/// a step of one fiftieth of the interval and at most [`GRID`] (so by
+/// 10 ms at most). Thousands of remotes then wake the process a few dozen
+/// times a second, each wake-up sending a batch of probes whose answers
+/// come back together, instead of once or twice per probe. The jitter still
+/// spreads the ticks over the grid, and the mean interval is unchanged.
 fn on_grid(at: Instant, epoch: Instant, interval: Duration) -> Instant {
     let step = (interval / 50).min(GRID).as_nanos().max(1);
     let since = at.saturating_duration_since(epoch).as_nanos();
-    let late = (step - since % step) % step;
-    at + Duration::from_nanos(u64::try_from(late).unwrap_or(0))
+    let past = since % step;
+    let nanos = |n: u128| Duration::from_nanos(u64::try_from(n).unwrap_or(0));
+    if past * 2 < step {
+        at - nanos(past)
+    } else {
+        at + nanos(step - past)
+    }
 }
 
 fn panic_message(payload: &(dyn Any + Send)) -> String {
@@ -1032,17 +1039,21 @@ mod tests {
     }
 
     #[test]
-    fn ticks_are_put_off_to_the_grid_and_never_brought_forward() {
+    fn ticks_move_to_the_nearest_point_of_the_grid() {
         let epoch = Instant::now();
         let interval = Duration::from_secs(10);
         let ms = Duration::from_millis;
         assert_eq!(on_grid(epoch + ms(40), epoch, interval), epoch + ms(40));
-        assert_eq!(on_grid(epoch + ms(41), epoch, interval), epoch + ms(60));
+        assert_eq!(on_grid(epoch + ms(49), epoch, interval), epoch + ms(40));
+        assert_eq!(on_grid(epoch + ms(50), epoch, interval), epoch + ms(60));
         assert_eq!(on_grid(epoch + ms(59), epoch, interval), epoch + ms(60));
         // A short interval gets a finer grid: a fiftieth of it.
         let short = Duration::from_millis(100);
         assert_eq!(on_grid(epoch + ms(3), epoch, short), epoch + ms(4));
-        assert_eq!(on_grid(epoch, epoch, short), epoch);
+        assert_eq!(
+            on_grid(epoch + Duration::from_micros(900), epoch, short),
+            epoch
+        );
     }
 
     #[test]

@@ -18,6 +18,9 @@ use rustls::unbuffered::{
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
+/// The room first given to a handshake message: a client hello fits.
+const HANDSHAKE_ROOM: usize = 1024;
+
 /// How much is read from the socket at a time.
 const READ_SIZE: usize = 4096;
 
@@ -58,10 +61,54 @@ fn tls_error(error: rustls::Error) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, error)
 }
 
-/// Makes `out` at least `size` bytes past `used`.
-fn room(out: &mut Vec<u8>, used: usize, size: usize) {
-    if out.len() < used + size {
+/// Why rustls wrote nothing into the room it was given.
+enum Short {
+    /// It needs this much room.
+    Need(usize),
+    Failed(String),
+}
+
+impl From<EncodeError> for Short {
+    fn from(err: EncodeError) -> Self {
+        match err {
+            EncodeError::InsufficientSize(InsufficientSizeError { required_size }) => {
+                Self::Need(required_size)
+            }
+            other @ EncodeError::AlreadyEncoded => Self::Failed(other.to_string()),
+        }
+    }
+}
+
+impl From<EncryptError> for Short {
+    fn from(err: EncryptError) -> Self {
+        match err {
+            EncryptError::InsufficientSize(InsufficientSizeError { required_size }) => {
+                Self::Need(required_size)
+            }
+            other @ EncryptError::EncryptExhausted => Self::Failed(other.to_string()),
+        }
+    }
+}
+
+/// Appends to `out` what `write` puts in the room after it: `first`
+/// bytes of it, then as much as it asks for.
+fn append(
+    out: &mut Vec<u8>,
+    first: usize,
+    mut write: impl FnMut(&mut [u8]) -> Result<usize, Short>,
+) -> io::Result<()> {
+    let used = out.len();
+    let mut size = first;
+    loop {
         out.resize(used + size, 0);
+        match write(&mut out[used..]) {
+            Ok(written) => {
+                out.truncate(used + written);
+                return Ok(());
+            }
+            Err(Short::Need(required)) => size = required,
+            Err(Short::Failed(err)) => return Err(io::Error::other(err)),
+        }
     }
 }
 
@@ -134,20 +181,9 @@ impl TlsWire {
                     Some(Pumped::Data(got))
                 }
                 ConnectionState::EncodeTlsData(mut encode) => {
-                    let used = out.len();
-                    room(&mut out, used, READ_SIZE);
-                    loop {
-                        match encode.encode(&mut out[used..]) {
-                            Ok(written) => {
-                                out.truncate(used + written);
-                                break;
-                            }
-                            Err(EncodeError::InsufficientSize(InsufficientSizeError {
-                                required_size,
-                            })) => room(&mut out, used, required_size),
-                            Err(err) => return Err(io::Error::other(err.to_string())),
-                        }
-                    }
+                    append(&mut out, HANDSHAKE_ROOM, |room| {
+                        encode.encode(room).map_err(Short::from)
+                    })?;
                     None
                 }
                 ConnectionState::TransmitTlsData(transmit) => {
@@ -204,29 +240,16 @@ impl Transport for TlsWire {
                 self.conn.process_tls_records(&mut self.incoming);
             let done = match state.map_err(tls_error)? {
                 ConnectionState::WriteTraffic(mut traffic) => {
-                    let used = out.len();
-                    room(&mut out, used, bytes.len() + 64);
-                    loop {
-                        match traffic.encrypt(bytes, &mut out[used..]) {
-                            Ok(written) => {
-                                out.truncate(used + written);
-                                break;
-                            }
-                            Err(EncryptError::InsufficientSize(InsufficientSizeError {
-                                required_size,
-                            })) => room(&mut out, used, required_size),
-                            Err(err) => return Err(io::Error::other(err.to_string())),
-                        }
-                    }
+                    // A record adds a header, a content type and a tag.
+                    append(&mut out, bytes.len() + 64, |room| {
+                        traffic.encrypt(bytes, room).map_err(Short::from)
+                    })?;
                     true
                 }
                 ConnectionState::EncodeTlsData(mut encode) => {
-                    let used = out.len();
-                    room(&mut out, used, READ_SIZE);
-                    let written = encode
-                        .encode(&mut out[used..])
-                        .map_err(|err| io::Error::other(err.to_string()))?;
-                    out.truncate(used + written);
+                    append(&mut out, HANDSHAKE_ROOM, |room| {
+                        encode.encode(room).map_err(Short::from)
+                    })?;
                     false
                 }
                 ConnectionState::TransmitTlsData(transmit) => {
