@@ -717,7 +717,8 @@ fn scale(args: &Args) -> Result<Value> {
     let tether_cpu = cpu_percent(&tether, &t0);
     let instructions = if args.callgrind {
         callgrind_control(&tether, "-d")?;
-        Some(callgrind_instructions(&remotes)?)
+        let keep = target_dir().join("scale").join("callgrind.out");
+        Some(callgrind_instructions(&remotes, &keep)?)
     } else {
         None
     };
@@ -807,9 +808,10 @@ fn scale(args: &Args) -> Result<Value> {
         report["tether"]["instructions_per_probe"] = json!(instructions as f64 / probes);
     }
     if args.reload_add > 0 {
-        config_with(count)?;
         let (gap_before, gap_across, took) =
-            reload_adding(&mut tether, &admin, configured, count, interval)?;
+            reload_adding(&mut tether, &admin, (configured, count), interval, || {
+                config_with(count).map(drop)
+            })?;
         rows.push((
             format!("reload adding {}: all reachable after", args.reload_add),
             format!("{took:.1}s"),
@@ -897,14 +899,20 @@ fn callgrind_control(tether: &Process, flag: &str) -> Result<()> {
         .ok_or_else(|| format!("callgrind_control {flag}: {status}"))
 }
 
-/// The instructions (`Ir`) of the newest callgrind dump.
-fn callgrind_instructions(remotes: &Remotes) -> Result<u64> {
+/// The instructions (`Ir`) of the newest callgrind dump, which is kept as
+/// `keep` for `callgrind_annotate`.
+fn callgrind_instructions(remotes: &Remotes, keep: &Path) -> Result<u64> {
     let newest = std::fs::read_dir(remotes.dir.path())
         .map_err(|e| e.to_string())?
         .filter_map(Result::ok)
         .filter(|e| e.file_name().to_string_lossy().starts_with("callgrind.out"))
         .max_by_key(|e| e.metadata().and_then(|m| m.modified()).ok())
         .ok_or("no callgrind dump")?;
+    if let Some(dir) = keep.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    std::fs::copy(newest.path(), keep).map_err(|e| format!("{}: {e}", keep.display()))?;
+    eprintln!("callgrind dump: {}", keep.display());
     let text = std::fs::read_to_string(newest.path()).map_err(|e| e.to_string())?;
     text.lines()
         .find_map(|l| {
@@ -933,18 +941,19 @@ fn last_probes(admin: &str) -> Result<(BTreeMap<String, f64>, f64)> {
     ))
 }
 
-/// Reloads tether (SIGHUP) onto its config file, which now lists `count`
-/// remotes where it listed `configured`, and follows every running remote's
-/// probes from 1.5 intervals before the reload until 1.5 intervals after
-/// the new ones are reachable. Gives the longest gap between two probes of
-/// one running remote before the reload and across it, and how long the new
-/// remotes took to be reachable.
+/// Follows every running remote's probes for 1.5 intervals, then has
+/// `rewrite` list `count` remotes where the config file listed `configured`
+/// and reloads tether (SIGHUP; it would also see the file change within
+/// 2 s), and follows on until 1.5 intervals after the new ones are
+/// reachable. Gives the longest gap between two probes of one running
+/// remote before the reload and across it, and how long the new remotes
+/// took to be reachable; an error if any remote turned unreachable.
 fn reload_adding(
     tether: &mut Process,
     admin: &str,
-    configured: usize,
-    count: usize,
+    (configured, count): (usize, usize),
     interval: f64,
+    rewrite: impl FnOnce() -> Result<()>,
 ) -> Result<(f64, f64, f64)> {
     let mut seen: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     let follow = |seen: &mut BTreeMap<String, Vec<f64>>| -> Result<f64> {
@@ -964,6 +973,7 @@ fn reload_adding(
     }
     let reload_at = now();
     let reloaded = Instant::now();
+    rewrite()?;
     let status = Command::new("kill")
         .args(["-HUP", &tether.pid().to_string()])
         .status()
@@ -987,6 +997,17 @@ fn reload_adding(
             }
             _ => std::thread::sleep(Duration::from_secs(1)),
         }
+    }
+    let (_, text, _) = http_get(admin, "/metrics")?;
+    let lost = metric_sum(
+        &text,
+        "tether_remote_transitions_total",
+        "to=\"unreachable\"",
+    );
+    if lost > 0.0 {
+        return Err(format!(
+            "{lost} remotes turned unreachable across the reload"
+        ));
     }
     let (mut gap_before, mut gap_across) = (0.0_f64, 0.0_f64);
     let running = seen.iter().filter(|(name, _)| {
