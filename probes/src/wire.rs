@@ -13,7 +13,8 @@ use std::sync::Arc;
 use rustls::client::UnbufferedClientConnection;
 use rustls::pki_types::ServerName;
 use rustls::unbuffered::{
-    ConnectionState, EncodeError, EncryptError, InsufficientSizeError, UnbufferedStatus,
+    ConnectionState, EncodeError, EncodeTlsData, EncryptError, InsufficientSizeError,
+    UnbufferedStatus,
 };
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
@@ -112,6 +113,14 @@ fn append(
     }
 }
 
+/// Appends the TLS message rustls has ready (a handshake message, an
+/// alert) to `out`.
+fn encode_into<Data>(out: &mut Vec<u8>, mut encode: EncodeTlsData<'_, Data>) -> io::Result<()> {
+    append(out, HANDSHAKE_ROOM, |room| {
+        encode.encode(room).map_err(Short::from)
+    })
+}
+
 impl TlsWire {
     /// The TLS handshake on `tcp`.
     pub(crate) async fn connect(
@@ -180,10 +189,8 @@ impl TlsWire {
                     }
                     Some(Pumped::Data(got))
                 }
-                ConnectionState::EncodeTlsData(mut encode) => {
-                    append(&mut out, HANDSHAKE_ROOM, |room| {
-                        encode.encode(room).map_err(Short::from)
-                    })?;
+                ConnectionState::EncodeTlsData(encode) => {
+                    encode_into(&mut out, encode)?;
                     None
                 }
                 ConnectionState::TransmitTlsData(transmit) => {
@@ -246,10 +253,8 @@ impl Transport for TlsWire {
                     })?;
                     true
                 }
-                ConnectionState::EncodeTlsData(mut encode) => {
-                    append(&mut out, HANDSHAKE_ROOM, |room| {
-                        encode.encode(room).map_err(Short::from)
-                    })?;
+                ConnectionState::EncodeTlsData(encode) => {
+                    encode_into(&mut out, encode)?;
                     false
                 }
                 ConnectionState::TransmitTlsData(transmit) => {
