@@ -123,6 +123,16 @@ def main():
         "exec, tether added to an image": {"remotes": [remote], "manager": {"exec": {"command": ["/manager", "--leader-elect=false"],
                                                                                       "image": {"repository": "registry.example.com/controller", "tag": "1.0"}}}},
     }
+    # The README's quickstart values, as written there, are a case too.
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("cat > tether-values.yaml <<'EOF'\n") + len("cat > tether-values.yaml <<'EOF'\n")
+    quickstart = yaml.safe_load(readme[start:readme.index("\nEOF\n", start)])
+    cases["the README's quickstart"] = quickstart
+    docs = render(quickstart)
+    secrets = sorted(v["secret"]["secretName"] for v in only(docs, "Deployment")["spec"]["template"]["spec"]["volumes"] if "secret" in v)
+    check(secrets == ["tether-cluster-a", "tether-cluster-b"]
+          and any(d["kind"] == "ServiceMonitor" for d in docs) and any(d["kind"] == "PrometheusRule" for d in docs),
+          f"the README's quickstart mounts both Secrets and makes the ServiceMonitor and the PrometheusRule: {secrets}")
     for label, values in cases.items():
         docs = render(values)
         kinds = sorted(d["kind"] for d in docs)
