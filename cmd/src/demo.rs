@@ -16,6 +16,9 @@ use crate::daemon::{Daemon, StartError};
 
 /// The remote that the demo takes down.
 const VICTIM: &str = "cluster-b";
+
+/// Failed probes in a row that make a remote unreachable in the demo.
+const THRESHOLD: u32 = 3;
 /// How long after the manager is first up the outage starts, and how long it
 /// lasts.
 const OUTAGE_AFTER: Duration = Duration::from_secs(5);
@@ -47,7 +50,13 @@ struct Seen {
     phase: Option<Phase>,
     up: bool,
     remotes: std::collections::BTreeMap<String, (Reachability, u32)>,
+    /// When the cycle's wait for an unreachable remote was last told.
+    waiting_told: Option<Instant>,
 }
+
+/// How often a wait that goes on is told again: once per probe would be a
+/// line a second saying the same.
+const RETELL_EVERY: Duration = Duration::from_secs(5);
 
 impl Narrator {
     fn say(&self, line: &str) {
@@ -77,7 +86,7 @@ pub async fn run(admin: SocketAddr, duration: Option<Duration>) -> Result<u8, De
     let mut servers = Vec::new();
     let mut yaml = format!(
         "admin: {{address: \"{admin}\", drainWindow: 0s}}\n\
-         probe: {{interval: 1s, timeout: 500ms, failureThreshold: 3}}\n\
+         probe: {{interval: 1s, timeout: 500ms, failureThreshold: {THRESHOLD}}}\n\
          supervisor: {{backoff: {{initial: 1s, max: 30s}}}}\n\
          watch: [{{apiVersion: v1, kind: ConfigMap}}, {{apiVersion: v1, kind: Namespace}}]\n\
          remotes:\n"
@@ -107,7 +116,7 @@ pub async fn run(admin: SocketAddr, duration: Option<Duration>) -> Result<u8, De
     let daemon = Daemon::start(config).await?;
     let addr = daemon.admin_address;
     narrator.say(&format!(
-        "tether running: open http://{addr}/status, http://{addr}/metrics, http://{addr}/readyz"
+        "tether running: open http://{addr}/status in a browser to follow along (also /metrics, /readyz)"
     ));
 
     let victim = servers
@@ -132,7 +141,13 @@ pub async fn run(admin: SocketAddr, duration: Option<Duration>) -> Result<u8, De
             .await
             .expect("up can always be set");
         narrate_until(&daemon, &narrator, None).await;
-        narrator.say("the demo's script is done; Ctrl-C to stop");
+        narrator.say(&match duration {
+            Some(duration) => format!(
+                "the demo's script is done; it stops {:.0}s after it started",
+                duration.as_secs_f64()
+            ),
+            None => "the demo's script is done; Ctrl-C to stop".to_owned(),
+        });
         std::future::pending::<()>().await;
     };
     let stop = async {
@@ -149,10 +164,50 @@ pub async fn run(admin: SocketAddr, duration: Option<Duration>) -> Result<u8, De
     }
     narrator.say("stopping");
     let outcome = daemon.shutdown().await;
-    narrator.say(&format!("stopped: {outcome:?}"));
+    narrator.say(match outcome {
+        tether_supervisor::ShutdownOutcome::Clean => "stopped cleanly",
+        tether_supervisor::ShutdownOutcome::GraceExceeded => {
+            "stopped: the manager outlived the shutdown grace"
+        }
+    });
     Ok(match outcome {
         tether_supervisor::ShutdownOutcome::Clean => 0,
         tether_supervisor::ShutdownOutcome::GraceExceeded => 1,
+    })
+}
+
+/// What the cycle waits for, told in words: the caches of the remotes that
+/// are unreachable, since when, and why; `None` while every remote answers
+/// (the caches are syncing).
+fn waiting(cycle: u64, remotes: &[tether_probes::RemoteStatus]) -> Option<String> {
+    let lost: Vec<String> = remotes
+        .iter()
+        .filter(|r| r.state == Reachability::Unreachable)
+        .map(|r| {
+            let since = r
+                .last_transition
+                .and_then(|t| t.elapsed().ok())
+                .map_or_else(String::new, |d| format!(" for {:.0}s", d.as_secs_f64()));
+            let cause = r
+                .last_cause
+                .map_or("?", tether_probes::FailureCause::as_str);
+            format!(
+                "{} unreachable{since} ({cause}, {} failed probes)",
+                r.name, r.consecutive_failures
+            )
+        })
+        .collect();
+    let names: Vec<&str> = remotes
+        .iter()
+        .filter(|r| r.state == Reachability::Unreachable)
+        .map(|r| r.name.as_str())
+        .collect();
+    (!lost.is_empty()).then(|| {
+        format!(
+            "cycle {cycle} waits for {}'s caches: {}",
+            names.join("'s and "),
+            lost.join("; ")
+        )
     })
 }
 
@@ -167,6 +222,35 @@ async fn narrate_until(daemon: &Daemon, narrator: &Narrator, how_long: Option<Du
                 .seen
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
+            // A remote's change first: it is what ends or holds the cycle.
+            let remotes = daemon.probes.status();
+            for remote in &remotes {
+                let previous = seen.remotes.insert(
+                    remote.name.clone(),
+                    (remote.state, remote.consecutive_failures),
+                );
+                let Some((state, failures)) = previous else {
+                    continue;
+                };
+                // Each failure toward the threshold is news; past it, the
+                // wait below says the streak now and then.
+                if remote.consecutive_failures > failures
+                    && remote.state != Reachability::Unreachable
+                    || remote.state != state && remote.state == Reachability::Unreachable
+                {
+                    narrator.say(&format!(
+                        "{}: probe failed ({} in a row; unreachable at {THRESHOLD}): {}",
+                        remote.name,
+                        remote.consecutive_failures,
+                        remote
+                            .last_cause
+                            .map_or("?", tether_probes::FailureCause::as_str)
+                    ));
+                }
+                if remote.state != state {
+                    narrator.say(&format!("{}: {state} -> {}", remote.name, remote.state));
+                }
+            }
             if status.cycle != seen.cycle {
                 seen.cycle = status.cycle;
                 narrator.say(&format!(
@@ -191,31 +275,20 @@ async fn narrate_until(daemon: &Daemon, narrator: &Narrator, how_long: Option<Du
             if status.manager_up != seen.up {
                 seen.up = status.manager_up;
                 if seen.up {
+                    seen.waiting_told = None;
                     narrator.say(&format!(
                         "cycle {}: manager up, every required cache synced",
                         status.cycle
                     ));
                 }
             }
-            for remote in daemon.probes.status() {
-                let previous = seen.remotes.insert(
-                    remote.name.clone(),
-                    (remote.state, remote.consecutive_failures),
-                );
-                let Some((state, failures)) = previous else {
-                    continue;
-                };
-                if remote.consecutive_failures > failures {
-                    let cause = remote
-                        .last_cause
-                        .map_or("?", tether_probes::FailureCause::as_str);
-                    narrator.say(&format!(
-                        "{}: probe failed ({} in a row; unreachable at 3): {cause}",
-                        remote.name, remote.consecutive_failures
-                    ));
-                }
-                if remote.state != state {
-                    narrator.say(&format!("{}: {state} -> {}", remote.name, remote.state));
+            if status.phase == Phase::Running && !status.manager_up {
+                let due = seen
+                    .waiting_told
+                    .is_none_or(|told| told.elapsed() >= RETELL_EVERY);
+                if let Some(line) = due.then(|| waiting(status.cycle, &remotes)).flatten() {
+                    seen.waiting_told = Some(Instant::now());
+                    narrator.say(&line);
                 }
             }
         }

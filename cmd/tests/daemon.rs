@@ -326,6 +326,29 @@ async fn the_demo_shows_a_lost_and_a_recovered_cycle() {
         stdout.contains("cluster-b: reachable -> unreachable"),
         "{stdout}"
     );
+    // The story: the loss before the cycle end it causes, what the next
+    // cycle waits for, each failure toward the threshold once and not one
+    // line per probe after it, and no Ctrl-C when it stops by itself.
+    let at = |needle: &str| {
+        stdout
+            .find(needle)
+            .unwrap_or_else(|| panic!("{needle:?} missing:\n{stdout}"))
+    };
+    assert!(
+        at("cluster-b: reachable -> unreachable") < at("ended: remote_lost (remote cluster-b)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("waits for cluster-b's caches: cluster-b unreachable for"),
+        "{stdout}"
+    );
+    assert_eq!(
+        stdout.matches("cluster-b: probe failed").count(),
+        3,
+        "one line per failure up to the threshold:\n{stdout}"
+    );
+    assert!(!stdout.contains("Ctrl-C"), "{stdout}");
+    assert!(stdout.contains("stopped cleanly"), "{stdout}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
