@@ -74,6 +74,14 @@ struct Conn {
     opened: Instant,
 }
 
+impl Conn {
+    /// Whether it is younger than `max_age`, so it may be kept: a kept
+    /// connection may answer long after the remote stopped taking new ones.
+    fn young(&self, max_age: Duration) -> bool {
+        self.opened.elapsed() < max_age
+    }
+}
+
 /// Why a request got no status.
 enum Failure {
     /// Before the network (credentials, the request itself), or no
@@ -255,7 +263,7 @@ impl Direct {
         // A kept connection may answer long after the remote stopped taking
         // new ones; past its age, the probe checks a new one.
         if let Some(conn) = self.conn.take()
-            && conn.opened.elapsed() < self.max_age
+            && conn.young(self.max_age)
         {
             // A kept connection may have died since the last probe; a fresh
             // one answers for the remote, as a pool would retry.
@@ -364,7 +372,7 @@ impl ProbeClient {
             Transport::Direct(direct) => direct
                 .conn
                 .as_ref()
-                .is_none_or(|conn| conn.opened.elapsed() >= direct.max_age),
+                .is_none_or(|conn| !conn.young(direct.max_age)),
             Transport::Proxied(_) => false,
         }
     }

@@ -793,25 +793,23 @@ async fn build(
 ) -> Option<Result<ProbeClient, ProbeResult>> {
     let config = &inner.config;
     let auth = &kube_config.auth_info;
-    if auth.exec.is_none() && auth.auth_provider.is_none() {
+    let built = if auth.exec.is_none() && auth.auth_provider.is_none() {
         // Nothing runs a program or calls out: a certificate and a token
         // file read, built right here rather than on a thread of its own.
-        return Some(
-            probe_client(&kube_config, config)
-                .map_err(|err| local_error(LocalKind::of(&err), root_cause(&err))),
-        );
-    }
-    let probe_config = config.clone();
-    let building_now =
-        credentials::off_workers(building, move || probe_client(&kube_config, &probe_config));
-    tokio::pin!(building_now);
-    let mut beat = tokio::time::interval(config.interval);
-    let built = loop {
-        tokio::select! {
-            biased;
-            () = stop.cancelled() => return None,
-            built = &mut building_now => break built,
-            _ = beat.tick() => shared.lock().last_tick = Instant::now(),
+        Ok(probe_client(&kube_config, config))
+    } else {
+        let probe_config = config.clone();
+        let building_now =
+            credentials::off_workers(building, move || probe_client(&kube_config, &probe_config));
+        tokio::pin!(building_now);
+        let mut beat = tokio::time::interval(config.interval);
+        loop {
+            tokio::select! {
+                biased;
+                () = stop.cancelled() => return None,
+                built = &mut building_now => break built,
+                _ = beat.tick() => shared.lock().last_tick = Instant::now(),
+            }
         }
     };
     Some(match built {

@@ -332,7 +332,7 @@ impl Transport for Wire {
     async fn recv(&mut self, buf: &mut Vec<u8>) -> io::Result<usize> {
         match self {
             Self::Plain(tcp) => {
-                buf.reserve(READ_SIZE.min(buf.capacity().max(1024)));
+                buf.reserve(READ_SIZE);
                 tcp.read_buf(buf).await
             }
             Self::Tls(tls) => tls.recv(buf).await,
