@@ -102,7 +102,10 @@ fn main() {
                 "/status.json",
                 Box::new(|| admin.status_json().len()) as Box<dyn Fn() -> usize>,
             ),
-            ("/status", Box::new(|| admin.status_html().len())),
+            (
+                "/status",
+                Box::new(|| admin.status_html(&tether::admin::Query::default()).len()),
+            ),
             ("/readyz", Box::new(|| admin.readyz().1.len())),
         ] {
             let mut times = Vec::with_capacity(ROUNDS);

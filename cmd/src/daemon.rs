@@ -94,6 +94,8 @@ pub struct Daemon {
     pub election: Option<ElectionHandle>,
     /// The admin server's address.
     pub admin_address: SocketAddr,
+    /// What the admin server shows: `/status` as a value.
+    pub admin: Arc<Admin>,
     config: Config,
     probe_set: ProbeSet,
     root: CancellationToken,
@@ -249,7 +251,12 @@ impl Daemon {
 
         let root = CancellationToken::new();
         let admin_stop = CancellationToken::new();
-        tokio::spawn(admin::serve(listener, Arc::new(admin), admin_stop.clone()));
+        let admin = Arc::new(admin);
+        tokio::spawn(admin::serve(
+            listener,
+            Arc::clone(&admin),
+            admin_stop.clone(),
+        ));
         let run = tokio::spawn(supervisor.run(root.clone()));
         let elected = election.map(|election| {
             let stop = CancellationToken::new();
@@ -273,6 +280,7 @@ impl Daemon {
             process,
             election: election_handle,
             admin_address,
+            admin,
             config,
             probe_set,
             root,
@@ -379,7 +387,7 @@ impl Daemon {
         }
         tokio::time::sleep_until(drained).await;
         self.admin_stop.cancel();
-        info!(?outcome, "tether stopped");
+        info!(%outcome, "tether stopped");
         outcome
     }
 

@@ -176,41 +176,6 @@ pub async fn run(admin: SocketAddr, duration: Option<Duration>) -> Result<u8, De
     })
 }
 
-/// What the cycle waits for, told in words: the caches of the remotes that
-/// are unreachable, since when, and why; `None` while every remote answers
-/// (the caches are syncing).
-fn waiting(cycle: u64, remotes: &[tether_probes::RemoteStatus]) -> Option<String> {
-    let lost: Vec<String> = remotes
-        .iter()
-        .filter(|r| r.state == Reachability::Unreachable)
-        .map(|r| {
-            let since = r
-                .last_transition
-                .and_then(|t| t.elapsed().ok())
-                .map_or_else(String::new, |d| format!(" for {:.0}s", d.as_secs_f64()));
-            let cause = r
-                .last_cause
-                .map_or("?", tether_probes::FailureCause::as_str);
-            format!(
-                "{} unreachable{since} ({cause}, {} failed probes)",
-                r.name, r.consecutive_failures
-            )
-        })
-        .collect();
-    let names: Vec<&str> = remotes
-        .iter()
-        .filter(|r| r.state == Reachability::Unreachable)
-        .map(|r| r.name.as_str())
-        .collect();
-    (!lost.is_empty()).then(|| {
-        format!(
-            "cycle {cycle} waits for {}'s caches: {}",
-            names.join("'s and "),
-            lost.join("; ")
-        )
-    })
-}
-
 /// Tells what changes, every 100ms, for `how_long`, or (without it) until
 /// the manager is up again with every remote reachable.
 async fn narrate_until(daemon: &Daemon, narrator: &Narrator, how_long: Option<Duration>) {
@@ -261,9 +226,8 @@ async fn narrate_until(daemon: &Daemon, narrator: &Narrator, how_long: Option<Du
             if seen.phase != Some(status.phase) {
                 if status.phase == Phase::BackingOff {
                     let cause = status
-                        .last_cause
-                        .as_ref()
-                        .map_or_else(String::new, ToString::to_string);
+                        .last_cause()
+                        .map_or_else(String::new, tether_supervisor::Cause::in_words);
                     let wait = status.backoff.map_or(0.0, |b| b.as_secs_f64());
                     narrator.say(&format!(
                         "cycle {} ended: {cause}; rebuilding in {wait:.1}s (backoff)",
@@ -286,9 +250,9 @@ async fn narrate_until(daemon: &Daemon, narrator: &Narrator, how_long: Option<Du
                 let due = seen
                     .waiting_told
                     .is_none_or(|told| told.elapsed() >= RETELL_EVERY);
-                if let Some(line) = due.then(|| waiting(status.cycle, &remotes)).flatten() {
+                if due {
                     seen.waiting_told = Some(Instant::now());
-                    narrator.say(&line);
+                    narrator.say(&daemon.admin.status().verdict.text);
                 }
             }
         }

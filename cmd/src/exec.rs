@@ -464,7 +464,7 @@ impl ManagerFactory for ExecManager {
             state.started = Some(SystemTime::now());
             state.spawn_error = None;
         }
-        info!(cycle = cycle.number(), pid, command = ?spec.command, "manager process started");
+        info!(cycle = cycle.number(), pid, command = %crate::human::command(&spec.command), "manager process started");
 
         let readiness = shared.follow_readiness(&spec, &cycle);
         let (how, stopped) = tokio::select! {

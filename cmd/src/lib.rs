@@ -8,6 +8,7 @@ pub mod daemon;
 pub mod demo;
 pub mod election;
 pub mod exec;
+pub mod human;
 pub mod limits;
 pub mod manager;
 pub mod reaper;

@@ -15,6 +15,7 @@ use tether_probes::{Identity, Outcome, ProbeResult};
 
 use tether::config::{Config, ConfigError};
 use tether::daemon::{Daemon, Signals, StartError};
+use tether::human;
 use tether::remote::{self, ResolvedRemote};
 use tether::stdout;
 
@@ -251,30 +252,35 @@ async fn validate(args: &RunArgs) -> ExitCode {
     let _ = writeln!(out, "configuration: {} is valid", config.label());
     let _ = writeln!(out, "admin address: {}", config.admin_address);
     let p = &config.probe;
+    let statuses = if p.unreachable_statuses.is_empty() {
+        "none".to_owned()
+    } else {
+        let codes: Vec<String> = p.unreachable_statuses.iter().map(u16::to_string).collect();
+        codes.join(", ")
+    };
     let _ = writeln!(
         out,
-        "probe: GET {} every {:?} ±{:.0}%, timeout {:?}, unreachable after {} failures, reachable after {} successes, unreachable statuses {:?}, a new connection at least every {:?}; a dead remote is found within {:?}",
+        "probe: GET {} every {} ±{:.0}%, timeout {}, unreachable after {}, reachable after {}, unreachable statuses: {statuses}, a new connection at least every {}; a dead remote is found within {}",
         p.path,
-        p.interval,
+        human::exact(p.interval),
         p.jitter * 100.0,
-        p.timeout,
-        p.failure_threshold,
-        p.success_threshold,
-        p.unreachable_statuses,
-        p.max_connection_age,
-        p.detection_bound(),
+        human::exact(p.timeout),
+        human::count(u64::from(p.failure_threshold), "failure", "failures"),
+        human::count(u64::from(p.success_threshold), "success", "successes"),
+        human::exact(p.max_connection_age),
+        human::exact(p.detection_bound()),
     );
     let s = &config.supervisor;
     let _ = writeln!(
         out,
-        "supervisor: backoff {:?}..{:?} ×{} ±{:.0}%, stable after {:?}, shutdown grace {:?}, rebuild on recovery: {}",
-        s.backoff.initial,
-        s.backoff.max,
+        "supervisor: backoff {}..{} ×{} ±{:.0}%, stable after {}, shutdown grace {}, rebuild on recovery: {}",
+        human::exact(s.backoff.initial),
+        human::exact(s.backoff.max),
         s.backoff.factor,
         s.backoff.jitter * 100.0,
-        s.stable_after,
-        s.shutdown_grace,
-        s.rebuild_on_recovery
+        human::exact(s.stable_after),
+        human::exact(s.shutdown_grace),
+        if s.rebuild_on_recovery { "yes" } else { "no" },
     );
     let _ = writeln!(
         out,
@@ -330,8 +336,8 @@ async fn validate(args: &RunArgs) -> ExitCode {
 fn write_exec(out: &mut String, exec: &tether::config::ExecSpec) {
     let _ = writeln!(
         out,
-        "manager: exec, a new process each cycle, in a process group of its own: {:?}",
-        exec.command
+        "manager: exec, a new process each cycle, in a process group of its own: {}",
+        human::command(&exec.command)
     );
     for (name, _) in &exec.env {
         let _ = writeln!(out, "  env {name} (value not shown)");
@@ -344,8 +350,12 @@ fn write_exec(out: &mut String, exec: &tether::config::ExecSpec) {
         Some(r) => {
             let _ = writeln!(
                 out,
-                "  up when GET http://127.0.0.1:{}{} answers 2xx (every {:?}, timeout {:?}); down after {} failures in a row",
-                r.port, r.path, r.period, r.timeout, r.failure_threshold
+                "  up when GET http://127.0.0.1:{}{} answers 2xx (every {}, timeout {}); down after {} in a row",
+                r.port,
+                r.path,
+                human::exact(r.period),
+                human::exact(r.timeout),
+                human::count(u64::from(r.failure_threshold), "failure", "failures"),
             );
         }
         None => {
@@ -354,8 +364,9 @@ fn write_exec(out: &mut String, exec: &tether::config::ExecSpec) {
     }
     let _ = writeln!(
         out,
-        "  a cycle's end sends {} to the group, then SIGKILL after {:?}; the loss of any remote ends the cycle",
-        exec.stop_signal, exec.grace_period
+        "  a cycle's end sends {} to the group, then SIGKILL after {}; the loss of any remote ends the cycle",
+        exec.stop_signal,
+        human::exact(exec.grace_period)
     );
 }
 

@@ -315,11 +315,11 @@ async fn the_demo_shows_a_lost_and_a_recovered_cycle() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(
-        stdout.contains("remote_lost (remote cluster-b)"),
+        stdout.contains("cycle 1 ended: cluster-b unreachable;"),
         "{stdout}"
     );
     assert!(
-        stdout.contains("remote_recovered (remote cluster-b)"),
+        stdout.contains("cycle 2 ended: cluster-b reachable again;"),
         "{stdout}"
     );
     assert!(
@@ -335,11 +335,12 @@ async fn the_demo_shows_a_lost_and_a_recovered_cycle() {
             .unwrap_or_else(|| panic!("{needle:?} missing:\n{stdout}"))
     };
     assert!(
-        at("cluster-b: reachable -> unreachable") < at("ended: remote_lost (remote cluster-b)"),
+        at("cluster-b: reachable -> unreachable") < at("ended: cluster-b unreachable"),
         "{stdout}"
     );
     assert!(
-        stdout.contains("waits for cluster-b's caches: cluster-b unreachable for"),
+        stdout
+            .contains("Not ready: cycle 2 waits for cluster-b's caches; cluster-b unreachable for"),
         "{stdout}"
     );
     assert_eq!(

@@ -232,7 +232,13 @@ async fn three_replicas_started_at_once_elect_exactly_one_and_followers_stand_by
         let (_, status) = r.tether.get("/status.json").await.expect("answers");
         let status: serde_json::Value = serde_json::from_str(&status).expect("JSON");
         assert_eq!(status["election"]["role"], "standby");
-        assert_eq!(status["supervisor"]["phase"], "Standby");
+        assert_eq!(status["supervisor"]["phase"], "standby");
+        assert_eq!(status["verdict"]["state"], "standby");
+        let verdict = status["verdict"]["text"].as_str().expect("a verdict");
+        assert!(
+            verdict.starts_with(&format!("Standby (leader: {})", replicas[leader].id)),
+            "{verdict}"
+        );
         // `tether check` reads the Lease too.
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_tether"))
             .args(["check", "--config"])

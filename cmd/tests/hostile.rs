@@ -307,10 +307,9 @@ async fn hostile_remotes_are_reported_and_cannot_eat_the_process() {
         let states: Vec<(String, String)> = names
             .iter()
             .map(|name| {
-                let line = logs
-                    .lines()
-                    .rev()
-                    .find(|l| l.contains("remote apiserver") && l.contains(&format!("\"{name}\"")));
+                let line = logs.lines().rev().find(|l| {
+                    l.contains("remote apiserver") && l.contains(&format!("remotes={name} "))
+                });
                 ((*name).to_owned(), line.unwrap_or("").to_owned())
             })
             .collect();

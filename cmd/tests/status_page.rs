@@ -1,15 +1,18 @@
-//! The `/status` page as a person sees it: rendered by headless Chromium
-//! (Debian's `chromium`), its text checked, and a screenshot kept in
-//! `target/` as a test artifact.
+//! The `/status` page as a person sees it, in three states (all up, one
+//! remote down, draining): rendered by headless Chromium (Debian's
+//! `chromium`), its DOM checked for the verdict and the SVG strips, and
+//! screenshots, light and dark, kept as test artifacts in
+//! `target/tmp/status-page/`.
 
-use std::fmt::Write as _;
+mod common;
+
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
+use common::{DEADLINE, Shape, Tether, remote};
+use tether_testkit::Fault;
 use tokio::time::Instant;
-
-use tether_testkit::{ApiServer, Fault, Options};
 
 fn chromium() -> PathBuf {
     ["chromium", "chromium-browser"]
@@ -26,112 +29,252 @@ fn chromium() -> PathBuf {
         })
 }
 
-/// Runs headless Chromium as root, with no reaching out to the internet.
-fn headless(profile: &std::path::Path, args: &[String]) -> std::process::Output {
-    Command::new(chromium())
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--no-first-run",
-            "--disable-quic",
-        ])
-        .arg(format!("--user-data-dir={}", profile.display()))
-        .args(args)
-        .output()
-        .expect("chromium runs")
+/// Headless Chromium as root, reaching nothing but the page.
+struct Browser {
+    profile: tempfile::TempDir,
+    shots: PathBuf,
+}
+
+impl Browser {
+    fn new() -> Self {
+        let shots = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("status-page");
+        std::fs::create_dir_all(&shots).expect("the artifacts folder");
+        Self {
+            profile: tempfile::tempdir().expect("a profile folder"),
+            shots,
+        }
+    }
+
+    fn run(&self, args: &[String]) -> String {
+        let out = Command::new(chromium())
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+                "--disable-quic",
+                "--hide-scrollbars",
+            ])
+            .arg(format!("--user-data-dir={}", self.profile.path().display()))
+            .args(args)
+            .output()
+            .expect("chromium runs");
+        assert!(
+            out.status.success(),
+            "chromium failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// The DOM after the page's script ran.
+    fn dom(&self, url: &str) -> String {
+        self.run(&["--dump-dom".to_owned(), url.to_owned()])
+    }
+
+    /// Screenshots of `url`, light and dark, as `<name>.png` and
+    /// `<name>-dark.png`; checks each is a real picture.
+    fn screenshots(&self, url: &str, name: &str) {
+        for (suffix, scheme) in [("", None), ("-dark", Some("--force-dark-mode"))] {
+            let path = self.shots.join(format!("{name}{suffix}.png"));
+            let _ = std::fs::remove_file(&path);
+            let mut args = vec![
+                format!("--screenshot={}", path.display()),
+                "--window-size=1280,1000".to_owned(),
+            ];
+            args.extend(scheme.map(str::to_owned));
+            args.push(url.to_owned());
+            self.run(&args);
+            let png = std::fs::read(&path).expect("the screenshot was written");
+            assert!(
+                png.starts_with(b"\x89PNG") && png.len() > 20_000,
+                "{} is not a real screenshot ({} bytes)",
+                path.display(),
+                png.len()
+            );
+            eprintln!("screenshot: {}", path.display());
+        }
+    }
+}
+
+/// The text of the element with `id`, its tags stripped.
+fn text_of(dom: &str, id: &str) -> String {
+    let start = dom
+        .find(&format!("id=\"{id}\""))
+        .unwrap_or_else(|| panic!("no element #{id}:\n{dom}"));
+    let open = start + dom[start..].find('>').expect("the tag closes");
+    let tag_end = open + dom[open..].find("</p>").expect("a <p> element");
+    let mut text = String::new();
+    let mut in_tag = false;
+    for c in dom[open + 1..tag_end].chars() {
+        match c {
+            '<' => in_tag = true,
+            '>' => in_tag = false,
+            c if !in_tag => text.push(c),
+            _ => {}
+        }
+    }
+    text.replace("&amp;", "&").replace("&#39;", "'")
+}
+
+/// The `class` attribute of the element with `id`.
+fn class_of(dom: &str, id: &str) -> String {
+    let start = dom.find(&format!("id=\"{id}\"")).expect("the element");
+    let tag = &dom[dom[..start].rfind('<').expect("a tag")..];
+    let tag = &tag[..tag.find('>').expect("the tag closes")];
+    let class = tag.find("class=\"").expect("a class") + 7;
+    tag[class..class + tag[class..].find('"').expect("quoted")].to_owned()
+}
+
+/// The table row of `remote`, as the DOM has it.
+fn row<'d>(dom: &'d str, remote: &str) -> &'d str {
+    let start = dom
+        .find(&format!("<tr data-name=\"{remote}\""))
+        .unwrap_or_else(|| panic!("no row for {remote}:\n{dom}"));
+    &dom[start..start + dom[start..].find("</tr>").expect("the row ends")]
+}
+
+/// Polls `/status.json` until `ready` holds of it.
+async fn until_status(tether: &Tether, what: &str, ready: impl Fn(&serde_json::Value) -> bool) {
+    let started = Instant::now();
+    loop {
+        if let Some((200, body)) = tether.get("/status.json").await
+            && let Ok(status) = serde_json::from_str::<serde_json::Value>(&body)
+            && ready(&status)
+        {
+            return;
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "/status.json never showed {what}; logs:\n{}",
+            tether.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn verdict(status: &serde_json::Value) -> (&str, &str) {
+    (
+        status["verdict"]["state"].as_str().unwrap_or_default(),
+        status["verdict"]["text"].as_str().unwrap_or_default(),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_status_page_renders_every_remote() {
-    let up = ApiServer::start(Options::default().name("alpha"))
-        .await
-        .expect("server");
-    let down = ApiServer::start(Options::default().name("beta"))
-        .await
-        .expect("server");
-    down.set_fault(Fault::Refuse).await.expect("refuse");
-    let dir = tempfile::tempdir().expect("dir");
-    let admin = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port");
-    let mut yaml = format!(
-        "admin: {{address: \"{admin}\"}}\nprobe: {{interval: 1s, timeout: 500ms}}\nremotes:\n"
+async fn the_status_page_tells_all_up_one_down_and_draining_apart() {
+    let (alpha, beta, gamma) = (
+        remote("alpha", true).await,
+        remote("beta", true).await,
+        remote("gamma", false).await,
     );
-    for (name, server) in [("alpha", &up), ("beta", &down)] {
-        let path = dir.path().join(format!("{name}.kubeconfig"));
-        server.kubeconfig().write(&path).expect("kubeconfig");
-        let _ = writeln!(yaml, "- {{name: {name}, kubeconfig: {}}}", path.display());
-    }
-    let config = dir.path().join("tether.yaml");
-    std::fs::write(&config, yaml).expect("config");
-    let mut tether = tokio::process::Command::new(env!("CARGO_BIN_EXE_tether"))
-        .arg("run")
-        .arg("--config")
-        .arg(&config)
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("tether starts");
+    let mut tether = Tether::start(
+        &[("alpha", &alpha), ("beta", &beta), ("gamma", &gamma)],
+        &[],
+        &Shape {
+            optional: &["gamma"],
+            drain_window: Some("60s"),
+            ..Shape::default()
+        },
+    );
+    let url = format!("http://{}/status", tether.admin);
+    let browser = Browser::new();
 
-    // Wait until beta has been declared unreachable and alpha's cache has
-    // synced in the cycle after the loss, so the page shows both states.
-    let url = format!("http://{admin}/status");
-    let started = Instant::now();
-    let profile = tempfile::tempdir().expect("profile dir");
-    let dom = loop {
-        let out = tokio::task::spawn_blocking({
-            let profile = profile.path().to_owned();
-            let url = url.clone();
-            move || headless(&profile, &["--dump-dom".to_owned(), url])
-        })
-        .await
-        .expect("ran");
-        let dom = String::from_utf8_lossy(&out.stdout).into_owned();
-        if dom.contains("class=\"unreachable\">unreachable") && dom.contains("namespaces: synced") {
-            break dom;
-        }
+    // All up.
+    until_status(&tether, "all up", |s| {
+        verdict(s).0 == "ready" && s["counts"]["healthy"] == 3
+    })
+    .await;
+    let dom = browser.dom(&url);
+    assert_eq!(class_of(&dom, "verdict"), "verdict ready");
+    let text = text_of(&dom, "verdict");
+    assert!(
+        text.starts_with("Ready: 3 of 3 remotes reachable; manager up for"),
+        "{text}"
+    );
+    assert!(dom.contains("No remote needs attention."), "{dom}");
+    assert_eq!(dom.matches("<svg class=\"strip\"").count(), 3, "{dom}");
+    for name in ["alpha", "beta", "gamma"] {
+        let row = row(&dom, name);
+        assert!(row.contains("class=\"healthy\""), "{row}");
         assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "the page never showed beta unreachable and alpha synced:\n{dom}"
+            row.contains("<rect class=\"ok\""),
+            "{name}'s strip has no answered mark:\n{row}"
         );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
-    for text in [
-        "Supervisor",
-        "Remotes",
-        "alpha",
-        "beta",
-        "reachable",
-        "unreachable",
-        "refused",
-        "required",
-    ] {
-        assert!(dom.contains(text), "{text:?} missing from the page:\n{dom}");
+        assert!(!row.contains("<rect class=\"down\""), "{row}");
+        assert!(
+            row.contains(" ms</td>") || row.contains(" ms<div"),
+            "a latency in ms:\n{row}"
+        );
     }
+    browser.screenshots(&url, "all-up");
 
-    let shot = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("status-page.png");
-    let out = headless(
-        profile.path(),
-        &[
-            format!("--screenshot={}", shot.display()),
-            "--window-size=1280,720".to_owned(),
-            url,
-        ],
-    );
+    // One required remote down: the verdict says what the cycle waits for.
+    beta.set_fault(Fault::Refuse).await.expect("refuse");
+    until_status(&tether, "beta's loss", |s| {
+        verdict(s)
+            .1
+            .contains("waits for beta's caches; beta unreachable for")
+    })
+    .await;
+    let dom = browser.dom(&url);
+    assert_eq!(class_of(&dom, "verdict"), "verdict not_ready");
+    let text = text_of(&dom, "verdict");
     assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        text.starts_with("Not ready: cycle 2 waits for beta's caches; beta unreachable for"),
+        "{text}"
     );
-    let png = std::fs::read(&shot).expect("the screenshot was written");
+    assert!(text.contains("(refused, "), "{text}");
+    let beta_row = row(&dom, "beta");
+    assert!(beta_row.contains("class=\"unreachable\""), "{beta_row}");
+    // Its last 15 s hold answers and failures, or failures alone.
     assert!(
-        png.starts_with(b"\x89PNG") && png.len() > 10_000,
-        "not a real screenshot"
+        beta_row.contains("<rect class=\"mix\"") || beta_row.contains("<rect class=\"down\""),
+        "beta's strip shows no failed mark:\n{beta_row}"
     );
-    eprintln!("screenshot: {}", shot.display());
-    let _ = tether.kill().await;
+    assert!(beta_row.contains("refused: "), "{beta_row}");
+    assert!(
+        beta_row.contains("<time datetime="),
+        "the error is stamped:\n{beta_row}"
+    );
+    // The problem comes first, the healthy are folded away.
+    let attention = dom.find("Needing attention").expect("a section for beta");
+    assert!(attention < dom.find("<details id=\"healthy\"").expect("the fold"));
+    assert!(dom.find("data-name=\"beta\"") < dom.find("data-name=\"alpha\""));
+    assert!(dom.contains("2 remotes healthy"), "{dom}");
+    assert!(
+        dom.contains("beta unreachable · <time"),
+        "the cycle timeline names the loss:\n{dom}"
+    );
+    assert!(dom.contains("<svg class=\"timeline\""), "{dom}");
+    browser.screenshots(&url, "one-down");
+
+    // The filter works without JavaScript: the server filters.
+    let (_, filtered) = tether.get("/status?q=ALP").await.expect("the page");
+    assert!(filtered.contains("data-name=\"alpha\""), "{filtered}");
+    assert!(!filtered.contains("data-name=\"beta\""), "{filtered}");
+    // Without JavaScript the page is what the server sends: the verdict,
+    // the strips and a refresh are in the HTML itself, not built by the
+    // script. (Chromium's headless dumps need scripts, so a plain GET.)
+    let (_, served) = tether.get("/status").await.expect("the page");
+    assert_eq!(class_of(&served, "verdict"), "verdict not_ready");
+    assert_eq!(served.matches("<svg class=\"strip\"").count(), 3);
+    assert!(
+        served.contains("<noscript><meta http-equiv=\"refresh\""),
+        "{served}"
+    );
+
+    // Draining: SIGTERM, and the drain window holds the page up.
+    tether.signal("TERM");
+    until_status(&tether, "draining", |s| verdict(s).0 == "draining").await;
+    let dom = browser.dom(&url);
+    assert_eq!(class_of(&dom, "verdict"), "verdict draining");
+    let text = text_of(&dom, "verdict");
+    assert!(text.starts_with("Draining: /readyz answers 503"), "{text}");
+    browser.screenshots(&url, "draining");
+    // A second SIGTERM ends the drain window at once.
+    tether.signal("TERM");
+    assert_eq!(tether.wait().await.code(), Some(130), "{}", tether.logs());
 }

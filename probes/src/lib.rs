@@ -41,6 +41,7 @@ mod bounded;
 mod classify;
 mod config;
 mod credentials;
+mod history;
 mod http;
 mod identity;
 mod metrics;
@@ -58,6 +59,7 @@ pub use crate::classify::{
 };
 pub use crate::config::ProbeConfig;
 pub use crate::credentials::{BuildError, PLUGIN_DEADLINE, Pending, off_workers, once_off_workers};
+pub use crate::history::{BUCKET_WIDTH, Bucket, HISTORY_BUCKETS, HISTORY_WINDOW, Recent};
 pub use crate::http::HEAD_TOO_LARGE;
 pub use crate::identity::{Identity, Remote, host_port, normalize_url};
 pub use crate::probe::{ProbeClient, probe_client, probe_once, without_userinfo};

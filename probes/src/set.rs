@@ -45,6 +45,7 @@ use tracing::{Instrument as _, error, info, info_span, warn};
 
 use crate::classify::{FailureCause, LocalKind, Outcome, ProbeResult, root_cause};
 use crate::credentials;
+use crate::history::{History, Recent, Seen};
 use crate::metrics::{Family, Gauges, Metrics, Series};
 use crate::probe::{ProbeClient, probe_client, probe_once};
 use crate::{Error, Identity, ProbeConfig, Reachability, Remote, Result, Tracker};
@@ -116,6 +117,8 @@ pub struct RemoteStatus {
     pub last_cause: Option<FailureCause>,
     /// The root cause of the last failure.
     pub last_error: Option<String>,
+    /// When the last failure happened.
+    pub last_failure: Option<SystemTime>,
     /// Set while probes cannot be made here (credentials, exec plugin).
     pub local_error: Option<String>,
     /// When the state last changed.
@@ -126,6 +129,8 @@ pub struct RemoteStatus {
     pub latency: Option<Duration>,
     /// How often this remote's probe task panicked.
     pub panics: u64,
+    /// Its probes over the last [`HISTORY_WINDOW`](crate::HISTORY_WINDOW).
+    pub recent: Recent,
 }
 
 /// One row of [`check`]: a configured remote probed once.
@@ -149,11 +154,13 @@ struct ProbeState {
     last: Option<ProbeResult>,
     last_cause: Option<FailureCause>,
     last_error: Option<String>,
+    last_failure: Option<SystemTime>,
     local_error: Option<String>,
     last_transition: Option<SystemTime>,
     last_probe: Option<SystemTime>,
     last_tick: Instant,
     panics: u64,
+    history: History,
 }
 
 #[derive(Debug)]
@@ -177,11 +184,13 @@ impl Shared {
                 last: None,
                 last_cause: None,
                 last_error: None,
+                last_failure: None,
                 local_error: None,
                 last_transition: None,
                 last_probe: None,
                 last_tick: Instant::now(),
                 panics: 0,
+                history: History::new(),
             }),
             suspected: Notify::new(),
         }
@@ -283,8 +292,10 @@ fn unix_seconds(time: SystemTime) -> f64 {
 }
 
 impl ProbeState {
-    fn names(&self) -> Vec<&str> {
-        self.names.iter().map(|s| s.name.as_str()).collect()
+    /// The configured names, for a log line: `a, b`.
+    fn names(&self) -> String {
+        let names: Vec<&str> = self.names.iter().map(|s| s.name.as_str()).collect();
+        names.join(", ")
     }
 
     /// What the gauges say now; a series is absent until it means something.
@@ -413,7 +424,7 @@ impl ProbeSet {
             }
             probe.stop.cancel();
             let state = probe.shared.lock();
-            info!(remotes = ?state.names(), host = %probe.shared.host, "remote removed from config; probe stopped");
+            info!(remotes = %state.names(), host = %probe.shared.host, "remote removed from config; probe stopped");
             false
         });
         for (identity, group) in wanted {
@@ -435,7 +446,7 @@ impl ProbeSet {
                 state.config_generation += 1;
             } else {
                 let host = identity.host().to_owned();
-                info!(remotes = ?names, %host, "probing remote apiserver");
+                info!(remotes = %names.join(", "), %host, "probing remote apiserver");
                 let tracker = Tracker::new(
                     inner.config.failure_threshold,
                     inner.config.success_threshold,
@@ -561,6 +572,7 @@ impl ProbeSetHandle {
     #[must_use]
     pub fn status(&self) -> Vec<RemoteStatus> {
         let mut rows = Vec::new();
+        let since_epoch = self.inner.created.elapsed();
         for probe in self.inner.probes().by_identity.values() {
             let state = probe.shared.lock();
             for series in &state.names {
@@ -576,11 +588,13 @@ impl ProbeSetHandle {
                     ready: state.last.as_ref().is_some_and(ProbeResult::ready),
                     last_cause: state.last_cause,
                     last_error: state.last_error.clone(),
+                    last_failure: state.last_failure,
                     local_error: state.local_error.clone(),
                     last_transition: state.last_transition,
                     last_probe: state.last_probe,
                     latency: state.last.as_ref().map(|r| r.latency),
                     panics: state.panics,
+                    recent: state.history.recent(since_epoch),
                 });
             }
         }
@@ -824,7 +838,8 @@ fn record(inner: &Inner, shared: &Shared, result: ProbeResult) {
     let metrics = &inner.metrics;
     let host = shared.host.as_str();
     let mut state = shared.lock();
-    state.last_tick = Instant::now();
+    let now = Instant::now();
+    state.last_tick = now;
     state.last_probe = Some(SystemTime::now());
 
     if let Outcome::LocalError { kind, error } = &result.outcome {
@@ -833,20 +848,29 @@ fn record(inner: &Inner, shared: &Shared, result: ProbeResult) {
             .with_label_values(&[kind.as_str()])
             .inc();
         if state.local_error.as_ref() != Some(error) {
-            warn!(remotes = ?state.names(), %host, %kind, %error, "cannot probe from here (local error); not counted toward reachability");
+            warn!(remotes = %state.names(), %host, %kind, %error, "cannot probe from here (local error); not counted toward reachability");
         }
         state.local_error = Some(error.clone());
         return;
     }
     if state.local_error.take().is_some() {
-        info!(remotes = ?state.names(), %host, "probing works again");
+        info!(remotes = %state.names(), %host, "probing works again");
     }
 
     let reachable = matches!(result.outcome, Outcome::Reachable { .. });
     if let Outcome::Unreachable { cause, error } = &result.outcome {
         state.last_cause = Some(*cause);
         state.last_error = Some(error.clone());
+        state.last_failure = state.last_probe;
     }
+    let seen = if !reachable {
+        Seen::Failed
+    } else if result.ready() {
+        Seen::Ready(result.latency)
+    } else {
+        Seen::NotReady(result.latency)
+    };
+    state.history.record(now - inner.created, seen);
     let from = state.tracker.state();
     let changed = state.tracker.observe(reachable);
     let result_state = if reachable {
@@ -869,13 +893,13 @@ fn record(inner: &Inner, shared: &Shared, result: ProbeResult) {
         .flatten();
     if to == Reachability::Unreachable {
         warn!(
-            remotes = ?state.names(), %host, failures,
+            remotes = %state.names(), %host, failures,
             cause = %state.last_cause.map_or("unknown", FailureCause::as_str),
             error = error.as_deref().unwrap_or(""),
             "remote apiserver unreachable"
         );
     } else {
-        info!(remotes = ?state.names(), %host, %from, %to, "remote apiserver reachable");
+        info!(remotes = %state.names(), %host, %from, %to, "remote apiserver reachable");
     }
     for series in &mut state.names {
         series.transition(to);

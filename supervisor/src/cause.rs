@@ -153,6 +153,29 @@ impl Cause {
     }
 }
 
+impl Cause {
+    /// The cause in words, for a person: `cluster-b unreachable`,
+    /// `configuration changed`. [`Display`](fmt::Display) is for logs, and
+    /// leads with the kind's label.
+    #[must_use]
+    pub fn in_words(&self) -> String {
+        match self {
+            Self::RemoteLost { remote } => format!("{remote} unreachable"),
+            Self::RemoteRecovered { remote } => format!("{remote} reachable again"),
+            Self::ConfigChanged => "configuration changed".to_owned(),
+            Self::TransitionsMissed { count } => {
+                format!("{count} reachability changes missed")
+            }
+            Self::ManagerExited => "the manager returned by itself".to_owned(),
+            Self::ManagerFailed { error } => format!("the manager failed: {error}"),
+            Self::ManagerPanicked { message } => format!("the manager panicked: {message}"),
+            Self::BuildFailed { error } => format!("building the manager failed: {error}"),
+            Self::LeadershipLost => "leadership lost".to_owned(),
+            Self::Shutdown => "shutdown".to_owned(),
+        }
+    }
+}
+
 impl fmt::Display for Cause {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let kind = self.kind();

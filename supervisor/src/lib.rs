@@ -83,7 +83,7 @@ pub use crate::cause::{Cause, CauseKind};
 pub use crate::factory::{BoxError, ManagerError, ManagerFactory, error_chain};
 pub use crate::scope::{OnLoss, RemoteScope, UsedRemote, UsedRemotes};
 pub use crate::signal::RemoteSignal;
-pub use crate::state::{Phase, Status};
+pub use crate::state::{EndedCycle, Phase, RECENT_CYCLES, Status};
 pub use crate::supervisor::{ShutdownOutcome, Supervisor, SupervisorConfig, SupervisorHandle};
 pub use crate::token::CycleToken;
 

@@ -17,3 +17,13 @@ pub enum RemoteSignal {
     /// have been a loss, so the running cycle ends (`transitions_missed`).
     Missed(u64),
 }
+
+impl std::fmt::Display for RemoteSignal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Lost(remote) => write!(f, "{remote} lost"),
+            Self::Recovered(remote) => write!(f, "{remote} recovered"),
+            Self::Missed(count) => write!(f, "{count} signals missed"),
+        }
+    }
+}

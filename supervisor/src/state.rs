@@ -1,7 +1,8 @@
 //! What the supervisor shares with the admin server: a status snapshot kept
 //! in step with the metrics.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::fmt;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -27,6 +28,56 @@ pub enum Phase {
     Stopped,
 }
 
+impl Phase {
+    /// The phase in words, as status pages and logs show it.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Starting => "starting",
+            Self::Running => "running",
+            Self::BackingOff => "backing off",
+            Self::Standby => "standby",
+            Self::ShuttingDown => "shutting down",
+            Self::Stopped => "stopped",
+        }
+    }
+}
+
+impl fmt::Display for Phase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How many ended cycles [`Status::recent`] keeps, for the status page's
+/// timeline: enough for a rebuild storm to show as one, a few hundred bytes
+/// each.
+pub const RECENT_CYCLES: usize = 30;
+
+/// A cycle that has ended, as the status page's timeline shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EndedCycle {
+    /// Its number.
+    pub number: u64,
+    /// When it started.
+    pub started: Instant,
+    /// When it ended.
+    pub ended: Instant,
+    /// Why it ended.
+    pub cause: Cause,
+    /// The wait before the next cycle; `None` for the last, at shutdown.
+    pub backoff: Option<Duration>,
+}
+
+impl EndedCycle {
+    /// How long it lived.
+    #[must_use]
+    pub fn lifetime(&self) -> Duration {
+        self.ended - self.started
+    }
+}
+
 /// A snapshot of the supervisor, as the admin server shows it.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -39,10 +90,10 @@ pub struct Status {
     pub cycle_started: Option<Instant>,
     /// Whether the current cycle's manager reported itself up.
     pub manager_up: bool,
-    /// The cause that ended the last cycle.
-    pub last_cause: Option<Cause>,
-    /// How long the last ended cycle lived.
-    pub last_lifetime: Option<Duration>,
+    /// Since when it has been up, while it is.
+    pub up_since: Option<Instant>,
+    /// The last [`RECENT_CYCLES`] ended cycles, oldest first.
+    pub recent: VecDeque<EndedCycle>,
     /// The wait before the next build, while backing off.
     pub backoff: Option<Duration>,
     /// The last time the loop showed it is not wedged.
@@ -52,6 +103,20 @@ pub struct Status {
     /// The remotes whose part of the current cycle is stopped alone (lost,
     /// and waiting to recover), sorted by name.
     pub stopped_remotes: Vec<String>,
+}
+
+impl Status {
+    /// The last ended cycle.
+    #[must_use]
+    pub fn last_ended(&self) -> Option<&EndedCycle> {
+        self.recent.back()
+    }
+
+    /// The cause that ended the last cycle.
+    #[must_use]
+    pub fn last_cause(&self) -> Option<&Cause> {
+        self.last_ended().map(|c| &c.cause)
+    }
 }
 
 #[derive(Debug)]
@@ -78,8 +143,8 @@ impl State {
                     cycle: 0,
                     cycle_started: None,
                     manager_up: false,
-                    last_cause: None,
-                    last_lifetime: None,
+                    up_since: None,
+                    recent: VecDeque::with_capacity(RECENT_CYCLES),
                     backoff: None,
                     heartbeat: Instant::now(),
                     ended: CauseKind::ALL.into_iter().map(|kind| (kind, 0)).collect(),
@@ -167,6 +232,7 @@ impl State {
         status.cycle = number;
         status.cycle_started = Some(at);
         status.manager_up = false;
+        status.up_since = None;
         status.backoff = None;
         status.heartbeat = at;
         self.metrics
@@ -188,6 +254,9 @@ impl State {
         if status.cycle != number || status.phase != Phase::Running || (up && cancelled()) {
             return false;
         }
+        if up != status.manager_up {
+            status.up_since = up.then(Instant::now);
+        }
         status.manager_up = up;
         self.metrics.manager_up.set(i64::from(up));
         true
@@ -197,6 +266,7 @@ impl State {
         let status = &mut self.lock().status;
         status.phase = Phase::Standby;
         status.manager_up = false;
+        status.up_since = None;
         status.backoff = None;
         self.metrics.manager_up.set(0);
         self.metrics.backoff_seconds.set(0.0);
@@ -206,18 +276,28 @@ impl State {
         let status = &mut self.lock().status;
         status.phase = Phase::ShuttingDown;
         status.manager_up = false;
+        status.up_since = None;
         self.metrics.manager_up.set(0);
     }
 
     /// Records the end of the current cycle, and the wait before the next one
     /// (`None` at shutdown).
-    pub(crate) fn cycle_ended(&self, cause: &Cause, lifetime: Duration, next: Option<Duration>) {
+    pub(crate) fn cycle_ended(&self, cause: &Cause, ended: Instant, next: Option<Duration>) {
         let mut inner = self.lock();
         inner.current = None;
         let status = &mut inner.status;
         status.manager_up = false;
-        status.last_cause = Some(cause.clone());
-        status.last_lifetime = Some(lifetime);
+        status.up_since = None;
+        if status.recent.len() == RECENT_CYCLES {
+            status.recent.pop_front();
+        }
+        status.recent.push_back(EndedCycle {
+            number: status.cycle,
+            started: status.cycle_started.unwrap_or(ended),
+            ended,
+            cause: cause.clone(),
+            backoff: next,
+        });
         *status.ended.entry(cause.kind()).or_default() += 1;
         self.metrics.manager_up.set(0);
         self.metrics
@@ -237,6 +317,7 @@ impl State {
         let status = &mut inner.status;
         status.phase = Phase::Stopped;
         status.manager_up = false;
+        status.up_since = None;
         status.backoff = None;
         self.metrics.manager_up.set(0);
         self.metrics.backoff_seconds.set(0.0);

@@ -118,6 +118,15 @@ pub enum ShutdownOutcome {
     GraceExceeded,
 }
 
+impl std::fmt::Display for ShutdownOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Clean => "stopped within the grace period",
+            Self::GraceExceeded => "the manager overran the grace period and was dropped",
+        })
+    }
+}
+
 /// A cheap, cloneable view of a running supervisor, for the admin server.
 #[derive(Debug, Clone)]
 pub struct SupervisorHandle {
@@ -297,7 +306,7 @@ impl<F: ManagerFactory> Looper<F> {
             }
             // What was signalled before this cycle is not news to it.
             while let Some(Some(signal)) = signals.next().now_or_never() {
-                debug!(?signal, "signal between cycles; dropped");
+                debug!(%signal, "signal between cycles; dropped");
             }
             let cycle = CycleToken::with_state(number, root, Some(Arc::clone(&self.state)));
             let started = Instant::now();
@@ -314,15 +323,16 @@ impl<F: ManagerFactory> Looper<F> {
                 .run_cycle(&cycle, root, signals)
                 .instrument(info_span!("cycle", cycle = number))
                 .await;
-            let lifetime = started.elapsed();
+            let ended = Instant::now();
+            let lifetime = ended - started;
             let cause = cycle
                 .cause()
                 .cloned()
                 .expect("run_cycle cancels the cycle with a cause on every path");
 
             if let CycleEnd::Shutdown(outcome) = end {
-                self.state.cycle_ended(&cause, lifetime, None);
-                info!(cycle = number, %cause, ?lifetime, ?outcome, "cycle ended; supervisor stopping");
+                self.state.cycle_ended(&cause, ended, None);
+                info!(cycle = number, %cause, ?lifetime, %outcome, "cycle ended; supervisor stopping");
                 self.state.stopped();
                 return outcome;
             }
@@ -331,7 +341,7 @@ impl<F: ManagerFactory> Looper<F> {
                 backoff.reset();
             }
             let wait = backoff.next_delay();
-            self.state.cycle_ended(&cause, lifetime, Some(wait));
+            self.state.cycle_ended(&cause, ended, Some(wait));
             info!(cycle = number, %cause, ?lifetime, next_backoff = ?wait, "cycle ended");
 
             let waited = self
@@ -343,7 +353,7 @@ impl<F: ManagerFactory> Looper<F> {
                             () = &mut sleep => return true,
                             () = root.cancelled() => return false,
                             Some(signal) = signals.next() => {
-                                debug!(?signal, "signal between cycles; dropped");
+                                debug!(%signal, "signal between cycles; dropped");
                             }
                         }
                     }
@@ -457,7 +467,7 @@ impl<F: ManagerFactory> Looper<F> {
     /// cancelled and its manager tears down, signals are as between cycles.
     fn on_signal(&self, cycle: &CycleToken, signal: RemoteSignal) {
         if cycle.is_cancelled() {
-            debug!(?signal, "signal while the cycle ends; dropped");
+            debug!(%signal, "signal while the cycle ends; dropped");
             return;
         }
         let rebuild = self.config.rebuild_on_recovery;

@@ -16,7 +16,7 @@ use std::time::Duration;
 use prometheus::Registry;
 use tether_supervisor::{
     BackoffConfig, Cause, CauseKind, CycleToken, Error, ManagerError, ManagerFactory, Phase,
-    ShutdownOutcome, Status, Supervisor, SupervisorConfig, SupervisorHandle,
+    RECENT_CYCLES, ShutdownOutcome, Status, Supervisor, SupervisorConfig, SupervisorHandle,
 };
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -212,7 +212,7 @@ async fn internal_cancel_rebuilds_the_manager_and_records_the_cause() {
     assert_eq!(second.at - cancelled_at, Duration::from_secs(1));
     assert!(!h.root.is_cancelled());
     let status = h.handle.status();
-    assert_eq!(status.last_cause, Some(Cause::remote_lost("cluster-a")));
+    assert_eq!(status.last_cause(), Some(&Cause::remote_lost("cluster-a")));
     assert_eq!(status.cycle, 2);
     assert_eq!(h.ended(CauseKind::RemoteLost), 1.0);
     assert_eq!(h.value("tether_cycle", None), 2.0);
@@ -544,6 +544,44 @@ async fn status_counts_ended_cycles_by_cause() {
     assert_eq!(status.ended[&CauseKind::ManagerFailed], 1);
     assert_eq!(status.ended[&CauseKind::RemoteLost], 0);
     assert_eq!(status.ended.len(), CauseKind::ALL.len());
+    assert_eq!(h.shut_down().await, ShutdownOutcome::Clean);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_timeline_keeps_the_last_cycles_with_their_times_causes_and_backoffs() {
+    let mut h = start([], exact());
+    let first = h.next_build().await;
+    h.until("manager up", |s| s.manager_up).await;
+    let up = h.handle.status().up_since.expect("up, since when");
+    assert_eq!(up, first.at, "up as soon as it was built");
+    tokio::time::advance(Duration::from_secs(5)).await;
+    assert!(first.token.cancel(Cause::remote_lost("cluster-a")));
+    let status = h
+        .until("backing off", |s| s.phase == Phase::BackingOff)
+        .await;
+    assert_eq!(status.up_since, None, "not up between cycles");
+    let ended = status.last_ended().expect("cycle 1 ended").clone();
+    assert_eq!(ended.number, 1);
+    assert_eq!(ended.cause, Cause::remote_lost("cluster-a"));
+    assert_eq!(ended.lifetime(), Duration::from_secs(5));
+    assert_eq!(ended.backoff, Some(Duration::from_secs(1)));
+
+    // Past the ring's size, the oldest go first.
+    for n in 2..=RECENT_CYCLES as u64 + 5 {
+        let built = h.next_build().await;
+        assert_eq!(built.token.number(), n);
+        built.token.cancel(Cause::ConfigChanged);
+    }
+    let status = h
+        .until("backing off", |s| s.phase == Phase::BackingOff)
+        .await;
+    let numbers: Vec<u64> = status.recent.iter().map(|c| c.number).collect();
+    let last = RECENT_CYCLES as u64 + 5;
+    assert_eq!(
+        numbers,
+        (last + 1 - RECENT_CYCLES as u64..=last).collect::<Vec<_>>()
+    );
+    assert_eq!(status.last_cause(), Some(&Cause::ConfigChanged));
     assert_eq!(h.shut_down().await, ShutdownOutcome::Clean);
 }
 

@@ -240,7 +240,7 @@ async fn dropped_signals_end_the_cycle_as_transitions_missed() {
     assert_eq!(first.cause(), Some(&Cause::TransitionsMissed { count: 12 }));
     assert_eq!(h.ended(CauseKind::TransitionsMissed), 1.0);
     assert_eq!(
-        h.handle.status().last_cause.map(|c| c.to_string()),
+        h.handle.status().last_cause().map(ToString::to_string),
         Some("transitions_missed (12 dropped)".to_owned())
     );
     assert_eq!(h.shut_down().await, ShutdownOutcome::Clean);

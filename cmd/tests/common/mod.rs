@@ -171,6 +171,8 @@ pub(crate) struct Shape<'a> {
     pub(crate) wrap: &'a [&'a str],
     /// Appended to the config, e.g. a `leaderElection:` section.
     pub(crate) extra: &'a str,
+    /// `admin.drainWindow`; by default 1s.
+    pub(crate) drain_window: Option<&'a str>,
 }
 
 /// The test config (interval 1s, timeout 500ms, threshold 3, no jitter,
@@ -189,10 +191,11 @@ pub(crate) fn config_yaml_with(
         ),
     };
     let mut yaml = format!(
-        "admin: {{address: \"{admin}\", drainWindow: 1s}}\n\
+        "admin: {{address: \"{admin}\", drainWindow: {}}}\n\
          probe: {{interval: 1s, timeout: 500ms, failureThreshold: 3, jitter: 0.0{}}}\n\
          supervisor: {{backoff: {{initial: 1s, max: 4s, jitter: 0.0}}, shutdownGrace: 5s}}\n\
          {manager}\n",
+        shape.drain_window.unwrap_or("1s"),
         shape.probe_extra,
     );
     for line in shape.extra.lines() {

@@ -733,6 +733,7 @@ fn scale(args: &Args) -> Result<Value> {
 
     let (scrape_median, scrape_max, size) = timed_gets(&admin, "/metrics")?;
     let (status_median, status_max, status_size) = timed_gets(&admin, "/status.json")?;
+    let (page_median, page_max, page_size) = timed_gets(&admin, "/status")?;
 
     let mut rows = vec![
         ("remotes".to_owned(), count.to_string()),
@@ -775,6 +776,13 @@ fn scale(args: &Args) -> Result<Value> {
                 status_size / 1024
             ),
         ),
+        (
+            "/status page (median / max of 5)".to_owned(),
+            format!(
+                "{page_median:.1} / {page_max:.1} ms, {} KiB",
+                page_size / 1024
+            ),
+        ),
     ];
     let mut report = json!({
         "remotes": count,
@@ -792,6 +800,9 @@ fn scale(args: &Args) -> Result<Value> {
             "status_json_ms_median": status_median,
             "status_json_ms_max": status_max,
             "status_json_bytes": status_size,
+            "status_page_ms_median": page_median,
+            "status_page_ms_max": page_max,
+            "status_page_bytes": page_size,
             "failure_threshold": threshold,
             "probes_measured": probes,
         },

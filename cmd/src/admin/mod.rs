@@ -1,0 +1,279 @@
+//! The admin server: `/metrics`, `/healthz`, `/readyz`, `/status` and
+//! `/status.json`.
+//!
+//! - `view.rs`: the one status view model, the verdict included;
+//! - `page.rs`: that view as the `/status` page;
+//! - `server.rs`: the socket, its limits and its reserved descriptor.
+//!
+//! Every handler reads state that is already computed: none waits on a
+//! probe, a remote or the manager, so a hung remote can never make health
+//! endpoints slow.
+
+mod page;
+mod server;
+mod view;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Response, Uri, header};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt as _, Full, StreamBody};
+use hyper::body::Frame;
+use prometheus::{Encoder as _, IntGauge, Opts, Registry, TextEncoder};
+use tether_probes::ProbeSetHandle;
+use tether_supervisor::SupervisorHandle;
+
+pub use self::page::{Query, REFRESH, ROWS_SHOWN, escape};
+pub use self::server::{HEAD_TIMEOUT, Listener, MAX_CONNECTIONS, bind, serve};
+pub use self::view::{
+    Attention, CacheView, Counts, CycleView, ElectionView, ProcessView, RemoteView, StatusView,
+    SupervisorView, Verdict, VerdictState,
+};
+
+use crate::election::ElectionHandle;
+use crate::exec::ProcessHandle;
+use crate::manager::ManagerHandle;
+
+/// The state the admin server reads: it never reaches into a manager.
+#[derive(Debug, Clone)]
+pub struct Sources {
+    /// The supervisor's state, readiness (`manager_up`) included.
+    pub supervisor: SupervisorHandle,
+    /// The probes' state.
+    pub probes: ProbeSetHandle,
+    /// The manager's caches, for the status page.
+    pub manager: ManagerHandle,
+    /// The exec manager's process, when the manager is one.
+    pub process: Option<ProcessHandle>,
+    /// The leader election, when on.
+    pub election: Option<ElectionHandle>,
+    /// Set once at shutdown; never cleared.
+    pub draining: Arc<AtomicBool>,
+}
+
+/// How often each loop beats: `/healthz` fails when one is three behind.
+#[derive(Debug, Clone, Copy)]
+pub struct Heartbeats {
+    /// The probe interval.
+    pub probes: Duration,
+    /// The supervisor's heartbeat interval.
+    pub supervisor: Duration,
+}
+
+/// Everything the admin server reads.
+#[derive(Debug)]
+pub struct Admin {
+    /// The process registry.
+    pub registry: Registry,
+    /// What it shows.
+    pub sources: Sources,
+    /// What counts as wedged.
+    pub heartbeats: Heartbeats,
+    ready: IntGauge,
+}
+
+/// How many intervals a heartbeat may lag before `/healthz` fails.
+const WEDGED_AFTER: u32 = 3;
+
+impl Admin {
+    /// The admin state; registers `tether_ready` and `tether_build_info`.
+    ///
+    /// # Errors
+    ///
+    /// If those metric names are taken.
+    pub fn new(
+        registry: Registry,
+        sources: Sources,
+        heartbeats: Heartbeats,
+    ) -> prometheus::Result<Self> {
+        let ready =
+            IntGauge::with_opts(Opts::new("tether_ready", "What /readyz answers, as 1/0."))?;
+        registry.register(Box::new(ready.clone()))?;
+        let build = IntGauge::with_opts(
+            Opts::new("tether_build_info", "Always 1; the version is a label.")
+                .const_label("version", env!("CARGO_PKG_VERSION")),
+        )?;
+        build.set(1);
+        registry.register(Box::new(build))?;
+        Ok(Self {
+            registry,
+            sources,
+            heartbeats,
+            ready,
+        })
+    }
+
+    /// Liveness: the process's own loops are beating. Never looks at a
+    /// remote.
+    #[must_use]
+    pub fn healthz(&self) -> (u16, String) {
+        let mut failures = Vec::new();
+        let supervisor = self.sources.supervisor.status().heartbeat.elapsed();
+        if supervisor > self.heartbeats.supervisor * WEDGED_AFTER {
+            failures.push(format!(
+                "[-]supervisor: last heartbeat {supervisor:.1?} ago"
+            ));
+        }
+        let probes = self.sources.probes.heartbeat().elapsed();
+        if probes > self.heartbeats.probes * WEDGED_AFTER {
+            failures.push(format!("[-]probes: oldest probe tick {probes:.1?} ago"));
+        }
+        if failures.is_empty() {
+            (200, "ok\n".to_owned())
+        } else {
+            (
+                500,
+                format!("{}\nhealthz check failed\n", failures.join("\n")),
+            )
+        }
+    }
+
+    /// Readiness: not draining, and the manager up, which the manager
+    /// decides (every required remote's caches synced and current). Also
+    /// sets `tether_ready`.
+    #[must_use]
+    pub fn readyz(&self) -> (u16, String) {
+        let draining = self.sources.draining.load(Ordering::SeqCst);
+        let status = self.sources.supervisor.status();
+        // A follower is healthy and ready to take over: ready, standing by.
+        let standby = self
+            .sources
+            .election
+            .as_ref()
+            .map(ElectionHandle::state)
+            .filter(|e| !e.leading);
+        if let Some(election) = standby.filter(|_| !draining) {
+            self.ready.set(1);
+            let holder = if election.holder.is_empty() {
+                "none yet".to_owned()
+            } else {
+                election.holder
+            };
+            return (
+                200,
+                format!("[+]not draining\n[+]standby (leader: {holder})\nreadyz check passed\n"),
+            );
+        }
+        let ready = !draining && status.manager_up;
+        let mark = |ok: bool| if ok { '+' } else { '-' };
+        let verdict = if ready {
+            "readyz check passed"
+        } else {
+            "readyz check failed"
+        };
+        self.ready.set(i64::from(ready));
+        (
+            if ready { 200 } else { 503 },
+            format!(
+                "[{}]not draining\n[{}]manager up (cycle {}, every required cache synced and current)\n{verdict}\n",
+                mark(!draining),
+                mark(status.manager_up),
+                status.cycle,
+            ),
+        )
+    }
+
+    /// The state of the process, as `/status.json` and `/status` show it:
+    /// one view, built once per request, in time linear in the remotes.
+    #[must_use]
+    pub fn status(&self) -> StatusView {
+        view::build(&self.sources)
+    }
+
+    /// `/status` as a page a person reads after `kubectl port-forward`.
+    #[must_use]
+    pub fn status_html(&self, query: &Query) -> String {
+        page::render(&self.status(), query)
+    }
+
+    /// `/status.json`'s body.
+    ///
+    /// # Panics
+    ///
+    /// Never: `serde_json` fails only on a map with keys that are not
+    /// strings, and the view has none.
+    #[must_use]
+    pub fn status_json(&self) -> Vec<u8> {
+        serde_json::to_vec(&self.status()).expect("the view's map keys are strings")
+    }
+
+    /// `/metrics`: the registry's families, then the probes' per-remote
+    /// series, made a piece at a time as the connection takes them.
+    fn metrics(&self) -> Result<Body, prometheus::Error> {
+        // tether_ready reflects the state now, scraped or not.
+        let _ = self.readyz();
+        let mut out = Vec::new();
+        TextEncoder::new().encode(&self.registry.gather(), &mut out)?;
+        let pieces = std::iter::once(out)
+            .chain(self.sources.probes.metric_chunks())
+            .map(|piece| Ok(Frame::data(Bytes::from(piece))));
+        Ok(StreamBody::new(futures_util::stream::iter(pieces)).boxed())
+    }
+
+    fn respond(&self, method: &Method, uri: &Uri) -> Response<Body> {
+        let path = uri.path();
+        // Every endpoint only reads.
+        if method != Method::GET && method != Method::HEAD {
+            return Response::builder()
+                .status(405)
+                .header(header::ALLOW, "GET, HEAD")
+                .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
+                .body(full(Bytes::from_static(
+                    b"method not allowed: the admin endpoints are read-only\n",
+                )))
+                .expect("a valid status and static headers");
+        }
+        if path == "/metrics" {
+            let (code, content_type, body) = match self.metrics() {
+                Ok(body) => (200, "text/plain; version=0.0.4; charset=utf-8", body),
+                Err(err) => (
+                    500,
+                    "text/plain; charset=utf-8",
+                    full(format!("encoding metrics failed: {err}\n").into()),
+                ),
+            };
+            return Response::builder()
+                .status(code)
+                .header(header::CONTENT_TYPE, content_type)
+                .body(body)
+                .expect("a valid status and static headers");
+        }
+        let (code, content_type, body): (u16, &str, Vec<u8>) = match path {
+            "/healthz" | "/livez" => {
+                let (code, text) = self.healthz();
+                (code, "text/plain; charset=utf-8", text.into_bytes())
+            }
+            "/readyz" => {
+                let (code, text) = self.readyz();
+                (code, "text/plain; charset=utf-8", text.into_bytes())
+            }
+            "/status.json" => (200, "application/json", self.status_json()),
+            "/status" | "/" => (
+                200,
+                "text/html; charset=utf-8",
+                self.status_html(&Query::parse(uri.query())).into_bytes(),
+            ),
+            _ => (
+                404,
+                "text/plain; charset=utf-8",
+                b"not found; see /status\n".to_vec(),
+            ),
+        };
+        Response::builder()
+            .status(code)
+            .header(header::CONTENT_TYPE, content_type)
+            .body(full(Bytes::from(body)))
+            .expect("a valid status and static headers")
+    }
+}
+
+/// An admin response's body: whole, or made as it is sent.
+type Body = BoxBody<Bytes, Infallible>;
+
+fn full(bytes: Bytes) -> Body {
+    Full::new(bytes).boxed()
+}

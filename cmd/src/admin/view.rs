@@ -1,0 +1,692 @@
+//! The one status view model: built from the supervisor's, the probes',
+//! the manager's and the election's snapshots, once per request, and
+//! rendered as `/status.json` (serde) and `/status` (`page.rs`).
+//!
+//! What needs judgement is decided here, once: the verdict in words, and
+//! how much attention each remote needs. The renderers only lay it out.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, SystemTime};
+
+use serde::Serialize;
+use tether_probes::{FailureCause, Reachability, Recent};
+use tether_supervisor::{Phase, Status};
+
+use super::Sources;
+use crate::human;
+
+/// The process as `/status.json` and `/status` show it.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusView {
+    /// tether's version.
+    pub version: &'static str,
+    /// When the view was built, RFC 3339 in UTC.
+    pub rendered_at: String,
+    /// The state in one line.
+    pub verdict: Verdict,
+    /// Whether the drain latch is set.
+    pub draining: bool,
+    /// The supervisor.
+    pub supervisor: SupervisorView,
+    /// How many remotes are in each state.
+    pub counts: Counts,
+    /// Every configured remote, by name.
+    pub remotes: Vec<RemoteView>,
+    /// The exec manager's process, when the manager is one.
+    pub process: Option<ProcessView>,
+    /// The leader election, when on.
+    pub election: Option<ElectionView>,
+}
+
+/// The state in one line, as a person says it.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Verdict {
+    /// Which verdict.
+    pub state: VerdictState,
+    /// The whole line: `Not ready: cycle 2 waits for cluster-b's caches;
+    /// cluster-b unreachable for 12s (timeout, 6 failed probes)`.
+    pub text: String,
+}
+
+/// The verdicts there are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VerdictState {
+    /// `/readyz` answers 200: the manager is up.
+    Ready,
+    /// `/readyz` answers 503, and the line says why.
+    NotReady,
+    /// Shutting down: `/readyz` answers 503 for good.
+    Draining,
+    /// Another replica leads; this one is ready to take over.
+    Standby,
+}
+
+impl VerdictState {
+    /// The verdict's first words.
+    #[must_use]
+    pub const fn headline(self) -> &'static str {
+        match self {
+            Self::Ready => "Ready",
+            Self::NotReady => "Not ready",
+            Self::Draining => "Draining",
+            Self::Standby => "Standby",
+        }
+    }
+
+    /// The `snake_case` name, as JSON and CSS classes use it.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Ready => "ready",
+            Self::NotReady => "not_ready",
+            Self::Draining => "draining",
+            Self::Standby => "standby",
+        }
+    }
+}
+
+/// How many remotes are in each state.
+#[derive(Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Counts {
+    /// Every configured remote.
+    pub total: usize,
+    /// Reachable now.
+    pub reachable: usize,
+    /// Unreachable now.
+    pub unreachable: usize,
+    /// Not probed yet, or not probeable from here.
+    pub unknown: usize,
+    /// Needing nothing: see [`Attention::Healthy`].
+    pub healthy: usize,
+}
+
+/// How much a remote needs a person's eye, most first: the status page
+/// sorts by it, and folds the healthy ones away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Attention {
+    /// Unreachable now.
+    Unreachable,
+    /// Probes cannot be made from here (credentials, an exec plugin).
+    CannotProbe,
+    /// A cache's watch has failed past the detection bound.
+    Stale,
+    /// Not probed yet.
+    Unknown,
+    /// Answering, but `/readyz` is not 2xx.
+    NotReady,
+    /// Reachable, and, while a cycle runs, a cache has not synced yet (or
+    /// its part of the cycle is stopped).
+    Syncing,
+    /// Reachable, but a probe failed in the last 15 minutes.
+    Flapped,
+    /// Reachable, ready, every cache synced, no failure in 15 minutes.
+    Healthy,
+}
+
+impl Attention {
+    /// The state in a few words, for the page's badge.
+    #[must_use]
+    pub const fn words(self) -> &'static str {
+        match self {
+            Self::Unreachable => "unreachable",
+            Self::CannotProbe => "cannot probe",
+            Self::Stale => "cache stale",
+            Self::Unknown => "not probed yet",
+            Self::NotReady => "not ready",
+            Self::Syncing => "syncing",
+            Self::Flapped => "recovered",
+            Self::Healthy => "healthy",
+        }
+    }
+
+    /// The `snake_case` name, as JSON and CSS classes use it.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Unreachable => "unreachable",
+            Self::CannotProbe => "cannot_probe",
+            Self::Stale => "stale",
+            Self::Unknown => "unknown",
+            Self::NotReady => "not_ready",
+            Self::Syncing => "syncing",
+            Self::Flapped => "flapped",
+            Self::Healthy => "healthy",
+        }
+    }
+}
+
+/// The leader election, as the status page shows it.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ElectionView {
+    /// `leader` or `standby`.
+    pub role: &'static str,
+    /// This replica's identity.
+    pub identity: String,
+    /// The holder last seen on the Lease; empty when free.
+    pub holder: String,
+    /// `namespace/name`.
+    pub lease: String,
+    /// Why the last try failed, if it did.
+    pub last_error: Option<String>,
+}
+
+/// The exec manager's process, as the status page shows it.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProcessView {
+    /// The command it runs.
+    pub command: Vec<String>,
+    /// The running process, if one runs.
+    pub pid: Option<u32>,
+    /// The cycle it runs in.
+    pub cycle: u64,
+    /// How long it has run.
+    pub running_seconds: Option<f64>,
+    /// Whether it has a readiness check to pass before it is up.
+    pub readiness_check: Option<String>,
+    /// How the last run ended: `exit code 1`, `killed by SIGKILL`.
+    pub last_exit: Option<String>,
+    /// Whether tether stopped the last run, rather than it ending by itself.
+    pub last_exit_stopped: Option<bool>,
+    /// The cycle of the last run.
+    pub last_exit_cycle: Option<u64>,
+    /// How long ago the last run ended.
+    pub last_exit_seconds_ago: Option<f64>,
+    /// Why the last spawn failed, until one succeeds.
+    pub spawn_error: Option<String>,
+}
+
+/// The supervisor, as the status page shows it.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SupervisorView {
+    /// The current (or last) cycle.
+    pub cycle: u64,
+    /// Where the loop is, in words: `running`, `backing off`.
+    pub phase: &'static str,
+    /// How old the current cycle is.
+    pub cycle_age_seconds: Option<f64>,
+    /// Whether the manager is up: what `/readyz` answers, but for draining.
+    pub manager_up: bool,
+    /// How long the manager has been up, while it is.
+    pub up_for_seconds: Option<f64>,
+    /// Why the last cycle ended, with its detail.
+    pub last_cause: Option<String>,
+    /// The wait before the next build, while backing off.
+    pub backoff_seconds: Option<f64>,
+    /// Ended cycles by cause.
+    pub ended: BTreeMap<&'static str, u64>,
+    /// The running cycle, then the last ended ones, newest first.
+    pub cycles: Vec<CycleView>,
+}
+
+/// One cycle in the timeline.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CycleView {
+    /// Its number.
+    pub number: u64,
+    /// How long ago it started.
+    pub started_seconds_ago: f64,
+    /// How long ago it ended; `None` while it runs.
+    pub ended_seconds_ago: Option<f64>,
+    /// The `cause` label of its end.
+    pub cause: Option<&'static str>,
+    /// Its end in words: `cluster-b unreachable`.
+    pub ended_by: Option<String>,
+    /// The wait after it, before the next cycle.
+    pub backoff_seconds: Option<f64>,
+}
+
+/// One remote, as the status page shows it.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RemoteView {
+    /// The configured name.
+    pub name: String,
+    /// `host:port`.
+    pub host: String,
+    /// Whether it gates readiness, and its loss ends the cycle.
+    pub required: bool,
+    /// How much it needs a person's eye.
+    pub attention: Attention,
+    /// Whether its part of the current cycle is stopped until it is back.
+    pub stopped_in_cycle: bool,
+    /// `unknown`, `reachable` or `unreachable`.
+    pub state: &'static str,
+    /// The current failure streak.
+    pub consecutive_failures: u32,
+    /// The status of the last answer.
+    pub last_status: Option<u16>,
+    /// Whether the last answer was 2xx.
+    pub ready: bool,
+    /// The class of the last failure.
+    pub last_cause: Option<&'static str>,
+    /// The root cause of the last failure.
+    pub last_error: Option<String>,
+    /// Seconds since the last failure.
+    pub last_failure_seconds_ago: Option<f64>,
+    /// Why probes cannot be made from here, while they cannot.
+    pub local_error: Option<String>,
+    /// Seconds since the state last changed.
+    pub last_transition_seconds_ago: Option<f64>,
+    /// Seconds since the last probe finished.
+    pub last_probe_seconds_ago: Option<f64>,
+    /// The last probe's latency.
+    pub latency_seconds: Option<f64>,
+    /// The manager's caches of this remote.
+    pub caches: Vec<CacheView>,
+    /// Its probes over the last 15 minutes, for the page's strip. Left out
+    /// of `/status.json`: 60 buckets a remote would multiply its size.
+    #[serde(skip)]
+    pub recent: Recent,
+}
+
+/// One cache of the manager, as the status page shows it.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CacheView {
+    /// `configmaps`, `deployments.apps`, ...
+    pub resource: String,
+    /// Whether it has listed in this run of its remote.
+    pub synced: bool,
+    /// Whether its watch has failed for longer than the detection bound.
+    pub stale: bool,
+    /// Seconds since its watch began failing, while it is.
+    pub failing_seconds_ago: Option<f64>,
+    /// Objects in it.
+    pub objects: usize,
+}
+
+fn ago(time: Option<SystemTime>) -> Option<f64> {
+    time.and_then(|t| t.elapsed().ok()).map(|d| d.as_secs_f64())
+}
+
+fn seconds_ago(time: tokio::time::Instant) -> f64 {
+    time.elapsed().as_secs_f64()
+}
+
+impl RemoteView {
+    /// Between cycles and at shutdown no cache syncs: a cache not synced
+    /// then is no news.
+    fn attention(&self, cycle_running: bool) -> Attention {
+        if self.state == Reachability::Unreachable.as_str() {
+            Attention::Unreachable
+        } else if self.local_error.is_some() {
+            Attention::CannotProbe
+        } else if self.caches.iter().any(|c| c.stale) {
+            Attention::Stale
+        } else if self.state == Reachability::Unknown.as_str() {
+            Attention::Unknown
+        } else if !self.ready {
+            Attention::NotReady
+        } else if cycle_running && (self.stopped_in_cycle || self.caches.iter().any(|c| !c.synced))
+        {
+            Attention::Syncing
+        } else if self.consecutive_failures > 0 || self.recent.buckets.iter().any(|b| b.failed > 0)
+        {
+            Attention::Flapped
+        } else {
+            Attention::Healthy
+        }
+    }
+
+    /// `cluster-b unreachable for 12s (timeout, 6 failed probes)`.
+    fn unreachable_since(&self) -> String {
+        let since = self
+            .last_transition_seconds_ago
+            .map_or_else(String::new, |s| {
+                format!(" for {}", human::span(Duration::from_secs_f64(s)))
+            });
+        let cause = self.last_cause.unwrap_or("no answer");
+        format!(
+            "{} unreachable{since} ({cause}, {})",
+            self.name,
+            human::count(
+                u64::from(self.consecutive_failures),
+                "failed probe",
+                "failed probes"
+            )
+        )
+    }
+}
+
+/// At most this many names in a verdict, then `and N more`.
+const NAMES_IN_A_VERDICT: usize = 3;
+
+/// `a, b and c`, or `a, b, c and 7 more`.
+fn listed(items: &[String]) -> String {
+    let shown = &items[..items.len().min(NAMES_IN_A_VERDICT)];
+    let more = items.len() - shown.len();
+    match (shown, more) {
+        ([], _) => String::new(),
+        ([one], 0) => one.clone(),
+        (_, 0) => format!(
+            "{} and {}",
+            shown[..shown.len() - 1].join(", "),
+            shown[shown.len() - 1]
+        ),
+        _ => format!("{} and {more} more", shown.join(", ")),
+    }
+}
+
+/// Builds the view from the sources' snapshots, in time linear in the
+/// remotes.
+pub(super) fn build(sources: &Sources) -> StatusView {
+    let caches = sources.manager.caches();
+    let required = sources.manager.required();
+    let status = sources.supervisor.status();
+    let mut counts = Counts::default();
+    let remotes: Vec<RemoteView> = sources
+        .probes
+        .status()
+        .into_iter()
+        .map(|remote| {
+            counts.total += 1;
+            match remote.state {
+                Reachability::Reachable => counts.reachable += 1,
+                Reachability::Unreachable => counts.unreachable += 1,
+                Reachability::Unknown => counts.unknown += 1,
+            }
+            let view = remote_view(remote, &caches, &required, &status);
+            counts.healthy += usize::from(view.attention == Attention::Healthy);
+            view
+        })
+        .collect();
+    let election = sources.election.as_ref().map(|election| {
+        let state = election.state();
+        ElectionView {
+            role: if state.leading { "leader" } else { "standby" },
+            identity: state.identity,
+            holder: state.holder,
+            lease: state.lease,
+            last_error: state.last_error,
+        }
+    });
+    let process = sources.process.as_ref().map(|process| {
+        let state = process.state();
+        let spec = process.spec();
+        let last = state.last_exit.as_ref();
+        ProcessView {
+            command: spec.command.clone(),
+            pid: state.pid,
+            cycle: state.cycle,
+            running_seconds: ago(state.started),
+            readiness_check: spec
+                .readiness
+                .as_ref()
+                .map(|r| format!("GET http://127.0.0.1:{}{}", r.port, r.path)),
+            last_exit: last.map(|e| e.how.to_string()),
+            last_exit_stopped: last.map(|e| e.stopped),
+            last_exit_cycle: last.map(|e| e.cycle),
+            last_exit_seconds_ago: ago(last.map(|e| e.at)),
+            spawn_error: state.spawn_error,
+        }
+    });
+    let draining = sources.draining.load(Ordering::SeqCst);
+    let supervisor = supervisor_view(&status);
+    let verdict = verdict(
+        draining,
+        election.as_ref(),
+        &status,
+        &remotes,
+        &counts,
+        process.as_ref(),
+    );
+    StatusView {
+        version: env!("CARGO_PKG_VERSION"),
+        rendered_at: jiff::Timestamp::now()
+            .round(jiff::Unit::Second)
+            .unwrap_or_else(|_| jiff::Timestamp::now())
+            .to_string(),
+        verdict,
+        draining,
+        supervisor,
+        counts,
+        remotes,
+        process,
+        election,
+    }
+}
+
+/// One remote's row, its caches (keyed by (remote, resource): one range
+/// each) and its attention included.
+fn remote_view(
+    remote: tether_probes::RemoteStatus,
+    caches: &crate::manager::Caches,
+    required: &std::collections::BTreeSet<String>,
+    status: &Status,
+) -> RemoteView {
+    let caches = caches
+        .range((remote.name.clone(), String::new())..)
+        .take_while(|((name, _), _)| *name == remote.name)
+        .map(|((_, resource), cache)| CacheView {
+            resource: resource.clone(),
+            synced: cache.synced,
+            stale: cache.stale,
+            failing_seconds_ago: ago(cache.failing_since),
+            objects: cache.objects,
+        })
+        .collect();
+    let mut view = RemoteView {
+        required: required.contains(&remote.name),
+        attention: Attention::Healthy,
+        stopped_in_cycle: status.stopped_remotes.binary_search(&remote.name).is_ok(),
+        state: remote.state.as_str(),
+        consecutive_failures: remote.consecutive_failures,
+        last_status: remote.last_status,
+        ready: remote.ready,
+        last_cause: remote.last_cause.map(FailureCause::as_str),
+        last_failure_seconds_ago: ago(remote.last_failure),
+        last_transition_seconds_ago: ago(remote.last_transition),
+        last_probe_seconds_ago: ago(remote.last_probe),
+        latency_seconds: remote.latency.map(|l| l.as_secs_f64()),
+        caches,
+        name: remote.name,
+        host: remote.host,
+        last_error: remote.last_error,
+        local_error: remote.local_error,
+        recent: remote.recent,
+    };
+    view.attention = view.attention(status.phase == Phase::Running);
+    view
+}
+
+fn supervisor_view(status: &Status) -> SupervisorView {
+    let running = matches!(status.phase, Phase::Running | Phase::ShuttingDown)
+        .then_some(status.cycle_started)
+        .flatten()
+        .map(|started| CycleView {
+            number: status.cycle,
+            started_seconds_ago: seconds_ago(started),
+            ended_seconds_ago: None,
+            cause: None,
+            ended_by: None,
+            backoff_seconds: None,
+        });
+    let ended = status.recent.iter().rev().map(|c| CycleView {
+        number: c.number,
+        started_seconds_ago: seconds_ago(c.started),
+        ended_seconds_ago: Some(seconds_ago(c.ended)),
+        cause: Some(c.cause.kind().as_str()),
+        ended_by: Some(c.cause.in_words()),
+        backoff_seconds: c.backoff.map(|b| b.as_secs_f64()),
+    });
+    SupervisorView {
+        cycle: status.cycle,
+        phase: status.phase.as_str(),
+        cycle_age_seconds: status.cycle_started.map(seconds_ago),
+        manager_up: status.manager_up,
+        up_for_seconds: status.up_since.map(seconds_ago),
+        last_cause: status.last_cause().map(ToString::to_string),
+        backoff_seconds: status.backoff.map(|b| b.as_secs_f64()),
+        ended: status
+            .ended
+            .iter()
+            .map(|(kind, count)| (kind.as_str(), *count))
+            .collect(),
+        cycles: running.into_iter().chain(ended).collect(),
+    }
+}
+
+/// The verdict: what `/readyz` answers, and why, in one line.
+fn verdict(
+    draining: bool,
+    election: Option<&ElectionView>,
+    status: &Status,
+    remotes: &[RemoteView],
+    counts: &Counts,
+    process: Option<&ProcessView>,
+) -> Verdict {
+    let unreachable = |required: bool| -> Vec<String> {
+        remotes
+            .iter()
+            .filter(|r| r.attention == Attention::Unreachable && r.required == required)
+            .map(RemoteView::unreachable_since)
+            .collect()
+    };
+    let reachable = format!("{} of {} remotes reachable", counts.reachable, counts.total);
+    let (state, text) = if draining {
+        (
+            VerdictState::Draining,
+            format!(
+                "/readyz answers 503 so traffic moves away; the manager {}",
+                if status.phase == Phase::Stopped {
+                    "has stopped"
+                } else {
+                    "is stopping"
+                }
+            ),
+        )
+    } else if let Some(e) = election.filter(|e| e.role == "standby") {
+        let leader = if e.holder.is_empty() {
+            "none yet"
+        } else {
+            e.holder.as_str()
+        };
+        (
+            VerdictState::Standby,
+            format!("(leader: {leader}); this replica takes over if the leader's Lease lapses"),
+        )
+    } else if status.manager_up {
+        let up_for = status.up_since.map_or_else(String::new, |t| {
+            format!(" for {}", human::span(t.elapsed()))
+        });
+        let mut text = format!("{reachable}; manager up{up_for}");
+        let optional = unreachable(false);
+        if !optional.is_empty() {
+            let _ = write!(text, "; optional: {}", listed(&optional));
+        }
+        (VerdictState::Ready, text)
+    } else {
+        (
+            VerdictState::NotReady,
+            not_ready(status, remotes, process, &unreachable(true)),
+        )
+    };
+    // "Standby (leader: pod-x)" reads as one phrase; the rest say why.
+    let joint = if state == VerdictState::Standby {
+        " "
+    } else {
+        ": "
+    };
+    Verdict {
+        text: format!("{}{joint}{text}", state.headline()),
+        state,
+    }
+}
+
+/// Why the manager is not up, where the supervisor is.
+fn not_ready(
+    status: &Status,
+    remotes: &[RemoteView],
+    process: Option<&ProcessView>,
+    lost: &[String],
+) -> String {
+    let lost = if lost.is_empty() {
+        String::new()
+    } else {
+        format!("; {}", listed(lost))
+    };
+    let cycle = status.cycle;
+    match status.phase {
+        Phase::Starting => format!("starting{lost}"),
+        Phase::BackingOff => {
+            let ended = status.last_ended().map_or_else(String::new, |c| {
+                format!(
+                    " {} ({})",
+                    human::ago(c.ended.elapsed()),
+                    c.cause.in_words()
+                )
+            });
+            let next = status
+                .backoff
+                .zip(status.last_ended())
+                .map(|(wait, c)| {
+                    (c.ended + wait).saturating_duration_since(tokio::time::Instant::now())
+                })
+                .map_or_else(String::new, |left| {
+                    format!("; cycle {} starts in {}", cycle + 1, human::span(left))
+                });
+            format!("cycle {cycle} ended{ended}{next}{lost}")
+        }
+        Phase::Running => format!(
+            "cycle {cycle} waits for {}{lost}",
+            waits_for(remotes, process)
+        ),
+        Phase::Standby => format!("standing by: another replica leads{lost}"),
+        Phase::ShuttingDown => format!("shutting down{lost}"),
+        Phase::Stopped => "stopped".to_owned(),
+    }
+}
+
+/// What a running cycle's manager waits for before it is up.
+fn waits_for(remotes: &[RemoteView], process: Option<&ProcessView>) -> String {
+    if let Some(p) = process {
+        return match (&p.spawn_error, p.pid, &p.readiness_check) {
+            (Some(err), _, _) => format!("the manager process, which failed to start: {err}"),
+            (None, None, _) => "the manager process to start".to_owned(),
+            (None, Some(_), Some(check)) => {
+                format!("the manager process's readiness check ({check} answering 2xx)")
+            }
+            (None, Some(_), None) => "every required remote to be reachable".to_owned(),
+        };
+    }
+    let waiting: Vec<String> = remotes
+        .iter()
+        .filter(|r| {
+            r.required && (r.stopped_in_cycle || r.caches.iter().any(|c| !c.synced || c.stale))
+        })
+        .map(|r| format!("{}'s caches", r.name))
+        .collect();
+    if waiting.is_empty() {
+        "the manager to report up".to_owned()
+    } else {
+        listed(&waiting)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("r{i}")).collect()
+    }
+
+    #[test]
+    fn a_list_in_a_verdict_reads_as_english_and_stays_short() {
+        assert_eq!(listed(&names(1)), "r0");
+        assert_eq!(listed(&names(2)), "r0 and r1");
+        assert_eq!(listed(&names(3)), "r0, r1 and r2");
+        assert_eq!(listed(&names(10)), "r0, r1, r2 and 7 more");
+    }
+}

@@ -1,0 +1,232 @@
+//! A remote's recent probes, for the status page's strips: a fixed ring of
+//! fixed-width buckets over the last [`HISTORY_WINDOW`].
+//!
+//! Invariants:
+//! - the ring holds [`HISTORY_BUCKETS`] buckets of [`BUCKET_WIDTH`] each, so
+//!   its size does not depend on the probe interval or the uptime (360 bytes
+//!   a remote);
+//! - bucket numbers count widths since one epoch for the whole probe set,
+//!   so every remote's strip lines up with every other's;
+//! - `head` is the newest bucket written; a bucket older than the window is
+//!   never read, and the ring clears the buckets it skips as it moves on.
+
+use std::time::Duration;
+
+/// How far back the history reaches.
+pub const HISTORY_WINDOW: Duration = Duration::from_secs(15 * 60);
+
+/// The buckets in the window.
+pub const HISTORY_BUCKETS: usize = 60;
+
+/// The time one bucket covers: 15 s, so at the default interval of 10 s
+/// each holds one or two probes.
+pub const BUCKET_WIDTH: Duration = Duration::from_secs(15);
+
+/// The probes that finished within one bucket's time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Bucket {
+    /// Probes answered 2xx.
+    pub ready: u8,
+    /// Probes answered, but not 2xx: reachable, not ready.
+    pub not_ready: u8,
+    /// Probes that failed: the remote did not answer.
+    pub failed: u8,
+    /// The slowest answer's latency, in milliseconds (65,535 at most).
+    pub slowest_ms: u16,
+}
+
+impl Bucket {
+    /// Whether no probe finished in it.
+    #[must_use]
+    pub const fn is_empty(&self) -> bool {
+        self.ready == 0 && self.not_ready == 0 && self.failed == 0
+    }
+
+    /// Whether any probe in it was answered.
+    #[must_use]
+    pub const fn answered(&self) -> bool {
+        self.ready > 0 || self.not_ready > 0
+    }
+}
+
+/// A remote's last [`HISTORY_WINDOW`]: `buckets[0]` is the oldest, the last
+/// is the one filling now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recent {
+    /// Oldest first.
+    pub buckets: [Bucket; HISTORY_BUCKETS],
+    /// How far into the last bucket the present is.
+    pub into_last: Duration,
+}
+
+impl Default for Recent {
+    fn default() -> Self {
+        Self {
+            buckets: [Bucket::default(); HISTORY_BUCKETS],
+            into_last: Duration::ZERO,
+        }
+    }
+}
+
+/// What one probe found, as the history counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Seen {
+    Ready(Duration),
+    NotReady(Duration),
+    Failed,
+}
+
+/// The ring itself.
+#[derive(Debug, Clone)]
+pub(crate) struct History {
+    head: u64,
+    ring: [Bucket; HISTORY_BUCKETS],
+}
+
+impl History {
+    pub(crate) const fn new() -> Self {
+        Self {
+            head: 0,
+            ring: [Bucket {
+                ready: 0,
+                not_ready: 0,
+                failed: 0,
+                slowest_ms: 0,
+            }; HISTORY_BUCKETS],
+        }
+    }
+
+    /// The bucket number of `since_epoch`.
+    fn number(since_epoch: Duration) -> u64 {
+        since_epoch.as_secs() / BUCKET_WIDTH.as_secs()
+    }
+
+    /// Counts a probe that finished `since_epoch` after the set's epoch.
+    pub(crate) fn record(&mut self, since_epoch: Duration, seen: Seen) {
+        let number = Self::number(since_epoch);
+        if number > self.head {
+            // Clear what the ring skips, at most all of it.
+            let skipped = (number - self.head).min(HISTORY_BUCKETS as u64);
+            for n in (number + 1 - skipped)..=number {
+                self.ring[slot(n)] = Bucket::default();
+            }
+            self.head = number;
+        } else if self.head - number >= HISTORY_BUCKETS as u64 {
+            return;
+        }
+        let bucket = &mut self.ring[slot(number)];
+        let latency = match seen {
+            Seen::Ready(latency) => {
+                bucket.ready = bucket.ready.saturating_add(1);
+                latency
+            }
+            Seen::NotReady(latency) => {
+                bucket.not_ready = bucket.not_ready.saturating_add(1);
+                latency
+            }
+            Seen::Failed => {
+                bucket.failed = bucket.failed.saturating_add(1);
+                return;
+            }
+        };
+        let ms = u16::try_from(latency.as_millis()).unwrap_or(u16::MAX);
+        bucket.slowest_ms = bucket.slowest_ms.max(ms);
+    }
+
+    /// The window that ends `since_epoch` after the epoch.
+    pub(crate) fn recent(&self, since_epoch: Duration) -> Recent {
+        let now = Self::number(since_epoch);
+        let mut recent = Recent {
+            buckets: [Bucket::default(); HISTORY_BUCKETS],
+            into_last: since_epoch.saturating_sub(BUCKET_WIDTH * u32::try_from(now).unwrap_or(0)),
+        };
+        for (i, out) in recent.buckets.iter_mut().enumerate() {
+            // Bucket `i` of the window is `now - (BUCKETS - 1 - i)`.
+            let Some(n) = now.checked_sub((HISTORY_BUCKETS - 1 - i) as u64) else {
+                continue;
+            };
+            if n <= self.head && self.head - n < HISTORY_BUCKETS as u64 {
+                *out = self.ring[slot(n)];
+            }
+        }
+        recent
+    }
+}
+
+fn slot(number: u64) -> usize {
+    // The remainder is below HISTORY_BUCKETS, which is a usize.
+    usize::try_from(number % HISTORY_BUCKETS as u64).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn at(bucket: u64) -> Duration {
+        BUCKET_WIDTH * u32::try_from(bucket).expect("small") + Duration::from_secs(1)
+    }
+
+    #[test]
+    fn a_probe_lands_in_its_bucket_with_its_latency() {
+        let mut history = History::new();
+        history.record(at(3), Seen::Ready(MS * 12));
+        history.record(at(3), Seen::Ready(MS * 40));
+        history.record(at(4), Seen::Failed);
+        history.record(at(4), Seen::NotReady(MS * 7));
+        let recent = history.recent(at(4));
+        let last = HISTORY_BUCKETS - 1;
+        assert_eq!(
+            recent.buckets[last - 1],
+            Bucket {
+                ready: 2,
+                not_ready: 0,
+                failed: 0,
+                slowest_ms: 40
+            }
+        );
+        assert_eq!(
+            recent.buckets[last],
+            Bucket {
+                ready: 0,
+                not_ready: 1,
+                failed: 1,
+                slowest_ms: 7
+            }
+        );
+        assert!(recent.buckets[..last - 1].iter().all(Bucket::is_empty));
+        assert_eq!(recent.into_last, Duration::from_secs(1));
+    }
+
+    #[test]
+    fn the_window_slides_and_forgets_what_fell_out_of_it() {
+        let mut history = History::new();
+        history.record(at(0), Seen::Failed);
+        history.record(at(10), Seen::Ready(MS));
+        // 59 buckets on, bucket 0 is out of the window and bucket 10 in it.
+        let recent = history.recent(at(60));
+        assert_eq!(recent.buckets.iter().filter(|b| !b.is_empty()).count(), 1);
+        assert_eq!(recent.buckets[10 + HISTORY_BUCKETS - 1 - 60].ready, 1);
+        // A write far ahead clears every slot it wraps over.
+        history.record(at(10 + 5 * HISTORY_BUCKETS as u64), Seen::Ready(MS));
+        let recent = history.recent(at(10 + 5 * HISTORY_BUCKETS as u64));
+        assert_eq!(recent.buckets.iter().filter(|b| !b.is_empty()).count(), 1);
+        // A late write older than the window is dropped, not wrapped onto a
+        // newer bucket.
+        history.record(at(0), Seen::Failed);
+        let again = history.recent(at(10 + 5 * HISTORY_BUCKETS as u64));
+        assert_eq!(again, recent);
+    }
+
+    #[test]
+    fn counts_and_latency_saturate() {
+        let mut history = History::new();
+        for _ in 0..300 {
+            history.record(at(1), Seen::Ready(Duration::from_secs(120)));
+        }
+        let bucket = history.recent(at(1)).buckets[HISTORY_BUCKETS - 1];
+        assert_eq!(bucket.ready, u8::MAX);
+        assert_eq!(bucket.slowest_ms, u16::MAX);
+    }
+}
