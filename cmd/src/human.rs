@@ -71,10 +71,25 @@ pub fn command(words: &[String]) -> String {
     shlex::try_join(words.iter().map(String::as_str)).unwrap_or_else(|_| words.join(" "))
 }
 
-/// `count` and the noun, singular or plural: `1 success`, `3 failures`.
+/// A whole number with its thousands marked: `10,000`.
+#[must_use]
+pub fn number(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, digit) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(digit);
+    }
+    out
+}
+
+/// `count` and the noun, singular or plural: `1 success`, `3 failures`,
+/// `10,000 remotes`.
 #[must_use]
 pub fn count(count: u64, one: &str, many: &str) -> String {
-    format!("{count} {}", if count == 1 { one } else { many })
+    format!("{} {}", number(count), if count == 1 { one } else { many })
 }
 
 #[cfg(test)]
@@ -130,5 +145,9 @@ mod tests {
         assert_eq!(count(1, "success", "successes"), "1 success");
         assert_eq!(count(3, "success", "successes"), "3 successes");
         assert_eq!(count(0, "failure", "failures"), "0 failures");
+        assert_eq!(count(10_000, "remote", "remotes"), "10,000 remotes");
+        assert_eq!(number(999), "999");
+        assert_eq!(number(1000), "1,000");
+        assert_eq!(number(1_234_567), "1,234,567");
     }
 }

@@ -133,6 +133,17 @@ impl History {
         bucket.slowest_ms = bucket.slowest_ms.max(ms);
     }
 
+    /// Whether a probe failed in the window that ends `since_epoch` after
+    /// the epoch.
+    pub(crate) fn failed_within(&self, since_epoch: Duration) -> bool {
+        let now = Self::number(since_epoch);
+        now.saturating_sub(self.head) < HISTORY_BUCKETS as u64
+            && (0..HISTORY_BUCKETS as u64)
+                .filter_map(|back| self.head.checked_sub(back))
+                .filter(|n| now - n < HISTORY_BUCKETS as u64)
+                .any(|n| self.ring[slot(n)].failed > 0)
+    }
+
     /// The window that ends `since_epoch` after the epoch.
     pub(crate) fn recent(&self, since_epoch: Duration) -> Recent {
         let now = Self::number(since_epoch);
@@ -204,7 +215,9 @@ mod tests {
         let mut history = History::new();
         history.record(at(0), Seen::Failed);
         history.record(at(10), Seen::Ready(MS));
+        assert!(history.failed_within(at(59)));
         // 59 buckets on, bucket 0 is out of the window and bucket 10 in it.
+        assert!(!history.failed_within(at(60)));
         let recent = history.recent(at(60));
         assert_eq!(recent.buckets.iter().filter(|b| !b.is_empty()).count(), 1);
         assert_eq!(recent.buckets[10 + HISTORY_BUCKETS - 1 - 60].ready, 1);

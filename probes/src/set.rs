@@ -129,8 +129,10 @@ pub struct RemoteStatus {
     pub latency: Option<Duration>,
     /// How often this remote's probe task panicked.
     pub panics: u64,
-    /// Its probes over the last [`HISTORY_WINDOW`](crate::HISTORY_WINDOW).
-    pub recent: Recent,
+    /// Whether a probe failed within the last
+    /// [`HISTORY_WINDOW`](crate::HISTORY_WINDOW); the probes themselves are
+    /// [`ProbeSetHandle::recent`].
+    pub failed_recently: bool,
 }
 
 /// One row of [`check`]: a configured remote probed once.
@@ -594,12 +596,23 @@ impl ProbeSetHandle {
                     last_probe: state.last_probe,
                     latency: state.last.as_ref().map(|r| r.latency),
                     panics: state.panics,
-                    recent: state.history.recent(since_epoch),
+                    failed_recently: state.history.failed_within(since_epoch),
                 });
             }
         }
         rows.sort_by(|a, b| a.name.cmp(&b.name));
         rows
+    }
+
+    /// The probes of the remote named `name` over the last
+    /// [`HISTORY_WINDOW`](crate::HISTORY_WINDOW), if it is configured: for
+    /// the rows a status page shows, not every remote's at every request.
+    #[must_use]
+    pub fn recent(&self, name: &str) -> Option<Recent> {
+        let since_epoch = self.inner.created.elapsed();
+        self.inner
+            .probe_of(name)
+            .map(|probe| probe.lock().history.recent(since_epoch))
     }
 
     /// The state of the remote named `name`, if it is configured.

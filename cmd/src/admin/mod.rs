@@ -27,7 +27,7 @@ use prometheus::{Encoder as _, IntGauge, Opts, Registry, TextEncoder};
 use tether_probes::ProbeSetHandle;
 use tether_supervisor::SupervisorHandle;
 
-pub use self::page::{Query, REFRESH, ROWS_SHOWN, escape};
+pub use self::page::{ATTENTION_SHOWN, HEALTHY_SHOWN, Query, REFRESH, escape};
 pub use self::server::{HEAD_TIMEOUT, Listener, MAX_CONNECTIONS, bind, serve};
 pub use self::view::{
     Attention, CacheView, Counts, CycleView, ElectionView, ProcessView, RemoteView, StatusView,
@@ -187,7 +187,8 @@ impl Admin {
     /// `/status` as a page a person reads after `kubectl port-forward`.
     #[must_use]
     pub fn status_html(&self, query: &Query) -> String {
-        page::render(&self.status(), query)
+        let recent = |name: &str| self.sources.probes.recent(name).unwrap_or_default();
+        page::render(&self.status(), query, &recent)
     }
 
     /// `/status.json`'s body.

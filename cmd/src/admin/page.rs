@@ -9,21 +9,27 @@
 //! - It works without JavaScript: the filter is a GET form, and a
 //!   `<noscript>` refresh reloads the page. The script only enhances: it
 //!   filters as one types and refreshes in place, keeping what is open.
-//! - At most [`ROWS_SHOWN`] rows a section, whatever the remote count, so
-//!   the page stays fast at 10,000 remotes; the filter reaches the rest.
+//! - At most [`ATTENTION_SHOWN`] rows needing attention and
+//!   [`HEALTHY_SHOWN`] healthy ones, whatever the remote count, so the page
+//!   stays fast at 10,000 remotes; the filter reaches the rest.
 //! - Every text from outside (names, hosts, URLs, errors, commands) is
 //!   escaped.
 
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use tether_probes::{BUCKET_WIDTH, Bucket, HISTORY_BUCKETS, HISTORY_WINDOW};
+use tether_probes::{BUCKET_WIDTH, Bucket, HISTORY_BUCKETS, HISTORY_WINDOW, Recent};
 
 use super::view::{Attention, CycleView, RemoteView, StatusView};
 use crate::human;
 
-/// The most rows a section shows; the filter finds the others.
-pub const ROWS_SHOWN: usize = 200;
+/// The most rows needing attention the page shows; the filter finds the
+/// others. With [`HEALTHY_SHOWN`], Chromium lays the page out in about
+/// 70 ms on the benchmark machine (docs/benchmarks.md).
+pub const ATTENTION_SHOWN: usize = 200;
+
+/// The most healthy rows the page shows, folded away.
+pub const HEALTHY_SHOWN: usize = 100;
 
 /// How often the page refreshes itself.
 pub const REFRESH: Duration = Duration::from_secs(10);
@@ -87,9 +93,10 @@ fn ago(seconds: f64) -> String {
 const STYLE: &str = include_str!("page.css");
 const SCRIPT: &str = include_str!("page.js");
 
-/// The whole page.
+/// The whole page. `recent` gives a remote's last 15 minutes, asked only
+/// for the rows shown.
 #[must_use]
-pub(super) fn render(view: &StatusView, query: &Query) -> String {
+pub(super) fn render(view: &StatusView, query: &Query, recent: &dyn Fn(&str) -> Recent) -> String {
     let mut html = String::with_capacity(64 * 1024);
     let verdict = &view.verdict;
     let _ = write!(
@@ -117,7 +124,7 @@ pub(super) fn render(view: &StatusView, query: &Query) -> String {
         REFRESH.as_secs(),
         at = view.rendered_at,
     );
-    write_remotes(&mut html, view, query);
+    write_remotes(&mut html, view, query, recent);
     write_cycles(&mut html, view);
     write_facts(&mut html, view);
     let _ = writeln!(html, "</div><script>{SCRIPT}</script></body></html>");
@@ -126,15 +133,25 @@ pub(super) fn render(view: &StatusView, query: &Query) -> String {
 
 /// The remotes: the filter, the legend, the ones needing attention, then
 /// the healthy ones folded away.
-fn write_remotes(html: &mut String, view: &StatusView, query: &Query) {
+fn write_remotes(
+    html: &mut String,
+    view: &StatusView,
+    query: &Query,
+    recent: &dyn Fn(&str) -> Recent,
+) {
     let c = &view.counts;
     let _ = write!(
         html,
         "<section id=\"remotes\"><h2>Remotes <small>{} of {} reachable",
-        c.reachable, c.total
+        human::number(c.reachable as u64),
+        human::number(c.total as u64)
     );
     if c.unreachable > 0 {
-        let _ = write!(html, " · {} unreachable", c.unreachable);
+        let _ = write!(
+            html,
+            " · {} unreachable",
+            human::number(c.unreachable as u64)
+        );
     }
     let filter = query.filter.as_deref().unwrap_or("");
     let _ = write!(
@@ -191,9 +208,9 @@ fn write_remotes(html: &mut String, view: &StatusView, query: &Query) {
         let _ = write!(
             html,
             "<h3>Needing attention <small>{}</small></h3>",
-            attention.len()
+            human::number(attention.len() as u64)
         );
-        write_table(html, attention, "attention");
+        write_table(html, attention, "attention", ATTENTION_SHOWN, recent);
     }
     if !healthy.is_empty() {
         // Open by default when nothing else is shown.
@@ -204,7 +221,7 @@ fn write_remotes(html: &mut String, view: &StatusView, query: &Query) {
              no failed probe in 15 minutes</summary>",
             human::count(healthy.len() as u64, "remote", "remotes")
         );
-        write_table(html, healthy, "healthy");
+        write_table(html, healthy, "healthy", HEALTHY_SHOWN, recent);
         html.push_str("</details>");
     }
     if !needle.is_empty() && shown.is_empty() {
@@ -217,27 +234,33 @@ fn write_remotes(html: &mut String, view: &StatusView, query: &Query) {
     html.push_str("</section>");
 }
 
-fn write_table(html: &mut String, rows: &[&RemoteView], id: &str) {
+fn write_table(
+    html: &mut String,
+    rows: &[&RemoteView],
+    id: &str,
+    shown: usize,
+    recent: &dyn Fn(&str) -> Recent,
+) {
     let _ = write!(
         html,
         "<table class=\"remotes\" id=\"{id}-table\"><thead><tr><th>remote</th><th>state</th>\
          <th>last 15 minutes <span class=\"axis\">15m ago → now</span></th><th>latency</th>\
          <th>last failure</th><th>caches</th></tr></thead><tbody>"
     );
-    for remote in rows.iter().take(ROWS_SHOWN) {
-        write_row(html, remote);
+    for remote in rows.iter().take(shown) {
+        write_row(html, remote, &recent(&remote.name));
     }
     html.push_str("</tbody></table>");
-    if rows.len() > ROWS_SHOWN {
+    if rows.len() > shown {
         let _ = write!(
             html,
-            "<p class=\"more\">Showing {ROWS_SHOWN} of {}: filter by name or host to see the others.</p>",
-            rows.len()
+            "<p class=\"more\">Showing {shown} of {}: filter by name or host to see the others.</p>",
+            human::number(rows.len() as u64)
         );
     }
 }
 
-fn write_row(html: &mut String, r: &RemoteView) {
+fn write_row(html: &mut String, r: &RemoteView, recent: &Recent) {
     let name = escape(&r.name);
     let host = escape(&r.host);
     let _ = write!(
@@ -274,8 +297,8 @@ fn write_row(html: &mut String, r: &RemoteView) {
         html.push_str("<div class=\"sub\">its watches are stopped until it is back</div>");
     }
     html.push_str("</td><td>");
-    write_strip(html, r);
-    let slowest = r.recent.buckets.iter().map(|b| b.slowest_ms).max();
+    write_strip(html, &r.name, recent);
+    let slowest = recent.buckets.iter().map(|b| b.slowest_ms).max();
     let _ = write!(
         html,
         "</td><td class=\"num\">{}<div class=\"sub\">{}</div></td>",
@@ -367,15 +390,15 @@ const MARKS: usize = 10;
 
 /// The remote's last 15 minutes: marks of reachability, runs of one kind
 /// drawn as one rect, and the slowest answer of each mark as a line.
-fn write_strip(html: &mut String, r: &RemoteView) {
-    let buckets = &r.recent.buckets;
+fn write_strip(html: &mut String, name: &str, recent: &Recent) {
+    let buckets = &recent.buckets;
     let width = HISTORY_BUCKETS * MARK;
     let answered = buckets.iter().filter(|b| b.answered()).count();
     let failed = buckets.iter().filter(|b| b.failed > 0).count();
     let slowest = buckets.iter().map(|b| b.slowest_ms).max().unwrap_or(0);
     let label = format!(
         "{}: last {} minutes, {answered} of {HISTORY_BUCKETS} marks answered, {failed} with failed probes; slowest answer {slowest} ms",
-        escape(&r.name),
+        escape(name),
         HISTORY_WINDOW.as_secs() / 60,
     );
     let _ = write!(

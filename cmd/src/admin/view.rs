@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
-use tether_probes::{FailureCause, Reachability, Recent};
+use tether_probes::{FailureCause, Reachability};
 use tether_supervisor::{Phase, Status};
 
 use super::Sources;
@@ -247,6 +247,9 @@ pub struct CycleView {
 }
 
 /// One remote, as the status page shows it.
+// A view for JSON readers: each flag is a fact read on its own, not states
+// of one machine.
+#[allow(clippy::struct_excessive_bools)]
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RemoteView {
@@ -282,12 +285,10 @@ pub struct RemoteView {
     pub last_probe_seconds_ago: Option<f64>,
     /// The last probe's latency.
     pub latency_seconds: Option<f64>,
+    /// Whether a probe failed in the last 15 minutes.
+    pub failed_recently: bool,
     /// The manager's caches of this remote.
     pub caches: Vec<CacheView>,
-    /// Its probes over the last 15 minutes, for the page's strip. Left out
-    /// of `/status.json`: 60 buckets a remote would multiply its size.
-    #[serde(skip)]
-    pub recent: Recent,
 }
 
 /// One cache of the manager, as the status page shows it.
@@ -331,8 +332,7 @@ impl RemoteView {
         } else if cycle_running && (self.stopped_in_cycle || self.caches.iter().any(|c| !c.synced))
         {
             Attention::Syncing
-        } else if self.consecutive_failures > 0 || self.recent.buckets.iter().any(|b| b.failed > 0)
-        {
+        } else if self.consecutive_failures > 0 || self.failed_recently {
             Attention::Flapped
         } else {
             Attention::Healthy
@@ -494,7 +494,7 @@ fn remote_view(
         host: remote.host,
         last_error: remote.last_error,
         local_error: remote.local_error,
-        recent: remote.recent,
+        failed_recently: remote.failed_recently,
     };
     view.attention = view.attention(status.phase == Phase::Running);
     view
@@ -553,7 +553,11 @@ fn verdict(
             .map(RemoteView::unreachable_since)
             .collect()
     };
-    let reachable = format!("{} of {} remotes reachable", counts.reachable, counts.total);
+    let reachable = format!(
+        "{} of {} reachable",
+        human::number(counts.reachable as u64),
+        human::count(counts.total as u64, "remote", "remotes")
+    );
     let (state, text) = if draining {
         (
             VerdictState::Draining,
