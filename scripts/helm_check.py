@@ -120,6 +120,7 @@ def main():
         "exec, tether in the controller's image": {"remotes": [remote], "image": {"repository": "registry.example.com/controller", "tag": "1.0"},
                                                    "manager": {"exec": {"command": ["/manager", "--leader-elect=false"], "readiness": {"httpGet": {"port": 8081, "path": "/readyz"}}}}},
         "exec with three replicas": {"remotes": [remote], "replicaCount": 3, "manager": {"exec": {"command": ["/manager", "--leader-elect=false"]}}},
+        "three replicas sharing the remotes": {"remotes": [remote], "replicaCount": 3, "sharding": {"enabled": True}},
         "exec, tether added to an image": {"remotes": [remote], "manager": {"exec": {"command": ["/manager", "--leader-elect=false"],
                                                                                       "image": {"repository": "registry.example.com/controller", "tag": "1.0"}}}},
     }
@@ -156,11 +157,13 @@ def main():
         pdb = only(docs, "PodDisruptionBudget")
         check((pdb is not None) == elected and (pdb is None or pdb["spec"] == {"maxUnavailable": 1, "selector": deploy["spec"]["selector"]}),
               f"{label}: a PodDisruptionBudget (maxUnavailable 1) exactly when replicas > 1")
+        sharded = values.get("sharding", {}).get("enabled", False)
+        verbs = ["get", "list", "create", "update", "delete"] if sharded else ["get", "create", "update"]
         role = only(docs, "Role")
         check((role is not None) == elected
-              and (role is None or role["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}])
+              and (role is None or role["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": verbs}])
               and (only(docs, "RoleBinding") is not None) == elected,
-              f"{label}: a Role and RoleBinding on leases exactly when replicas > 1")
+              f"{label}: a Role and RoleBinding on leases exactly when replicas > 1 (list and delete too when sharding)")
 
         policy = only(docs, "NetworkPolicy")
         wanted = values.get("networkPolicy", {}).get("enabled", False)
@@ -185,6 +188,10 @@ def main():
                                    and pod_name == [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
                                    and pod["topologySpreadConstraints"][0]["topologyKey"] == "kubernetes.io/hostname")),
               f"{label}: leader election, POD_NAME and a spread across nodes exactly when replicas > 1")
+        shards = config.get("sharding") if config else None
+        check((shards is not None) == sharded
+              and (not sharded or shards == {"enabled": True, "leasePrefix": deploy["metadata"]["name"] + "-shard"}),
+              f"{label}: sharding in the config exactly when enabled, its Leases named after the release")
 
         rule = only(docs, "PrometheusRule")
         if rule is not None:

@@ -73,6 +73,7 @@ fn main() {
                 manager: manager_handle,
                 process: None,
                 election: None,
+                shard: None,
                 draining: Arc::new(AtomicBool::new(false)),
             },
             Heartbeats {

@@ -211,6 +211,15 @@ pub struct LeaderElectionSpec {
     pub kubeconfig: Option<PathBuf>,
 }
 
+/// Sharing the remotes among replicas, each on a Lease of its own, with
+/// leader election's cluster settings and timings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardingSpec {
+    /// Each replica's Lease is `<prefix>-<identity>`; the prefix also
+    /// labels them, so the members are the Leases that carry it.
+    pub lease_prefix: String,
+}
+
 impl LeaderElectionSpec {
     /// How long a leader that gave up at `renewDeadline` has to stop its
     /// manager before another replica can take the Lease.
@@ -244,6 +253,9 @@ pub struct Config {
     pub command_line: Vec<String>,
     /// Leader election, when on.
     pub leader_election: Option<LeaderElectionSpec>,
+    /// Sharing the remotes among replicas, when on: then every replica
+    /// runs a manager for its own remotes, and no leader is elected.
+    pub sharding: Option<ShardingSpec>,
 }
 
 // The file's shape. Everything optional is defaulted in `validate`, so that
@@ -259,6 +271,14 @@ struct RawConfig {
     watch: Option<Vec<RawWatch>>,
     manager: Option<RawManager>,
     leader_election: Option<RawLeaderElection>,
+    sharding: Option<RawSharding>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawSharding {
+    enabled: Option<bool>,
+    lease_prefix: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -756,6 +776,35 @@ impl Checker<'_> {
         }))
     }
 
+    fn sharding(
+        &self,
+        raw: RawSharding,
+        election: Option<&LeaderElectionSpec>,
+    ) -> Result<Option<ShardingSpec>, ConfigError> {
+        if !raw.enabled.unwrap_or(false) {
+            return Ok(None);
+        }
+        if election.is_none() {
+            return Err(self.error(
+                "sharding.enabled",
+                "needs leaderElection (enabled: true) for the Leases' cluster, namespace, identity and timings",
+            ));
+        }
+        let lease_prefix = raw
+            .lease_prefix
+            .unwrap_or_else(|| "tether-shard".to_owned());
+        // The Lease is `<prefix>-<identity>`, and the prefix is a label value.
+        if !valid_name(&lease_prefix) || lease_prefix.len() > 40 {
+            return Err(self.error(
+                "sharding.leasePrefix",
+                format!(
+                    "{lease_prefix:?} is not a Lease name prefix (at most 40 lower-case letters, digits, '-', '.')"
+                ),
+            ));
+        }
+        Ok(Some(ShardingSpec { lease_prefix }))
+    }
+
     fn exec(
         &self,
         raw: RawExec,
@@ -992,6 +1041,8 @@ impl Config {
         let supervisor = check.supervisor(raw.supervisor.unwrap_or_default())?;
         let remotes = check.remotes(raw.remotes.unwrap_or_default())?;
         let leader_election = check.leader_election(raw.leader_election.unwrap_or_default())?;
+        let sharding =
+            check.sharding(raw.sharding.unwrap_or_default(), leader_election.as_ref())?;
         let exec = raw
             .manager
             .and_then(|m| m.exec)
@@ -1036,6 +1087,7 @@ impl Config {
             exec,
             command_line: Vec::new(),
             leader_election,
+            sharding,
         })
     }
 
@@ -1058,6 +1110,7 @@ impl Config {
             exec: None,
             command_line: Vec::new(),
             leader_election: None,
+            sharding: None,
         }
     }
 

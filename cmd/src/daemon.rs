@@ -20,8 +20,9 @@ use tracing::{error, info, warn};
 
 use crate::admin::{self, Admin, Heartbeats, Sources};
 use crate::config::{Config, ConfigError};
-use crate::election::{self, Election, ElectionHandle};
 use crate::exec::{ExecManager, ProcessHandle};
+use crate::lease::election::{self, Election, ElectionHandle};
+use crate::lease::shard::{ShardHandle, Sharding};
 use crate::manager::{ManagerHandle, Plan, WatchManager};
 use crate::remote;
 
@@ -79,6 +80,9 @@ pub enum StartError {
 /// symlink, which inotify on the file misses, so poll the content instead.
 const CONFIG_POLL: Duration = Duration::from_secs(2);
 
+/// How often a change of shard waits to see the old cycle's end.
+const APPLIED_POLL: Duration = Duration::from_millis(20);
+
 /// A running daemon.
 #[derive(Debug)]
 pub struct Daemon {
@@ -105,6 +109,11 @@ pub struct Daemon {
     admin_stop: CancellationToken,
     /// The election's task, its stop, and the election, for the release.
     elected: Option<(Arc<Election>, CancellationToken, JoinHandle<()>)>,
+    /// Every configured remote, resolved; with sharding, the manager and
+    /// the probes get the ones this replica holds.
+    resolved: Vec<remote::ResolvedRemote>,
+    /// The sharding's handle, its task and its stop, when on.
+    sharded: Option<(ShardHandle, CancellationToken, JoinHandle<()>)>,
 }
 
 /// The manager `config` asks for, the built-in watch manager's handle (the
@@ -158,7 +167,11 @@ async fn start_election(
     config: &Config,
     registry: &Registry,
 ) -> Result<Option<Arc<Election>>, StartError> {
-    let Some(spec) = &config.leader_election else {
+    let Some(spec) = config
+        .leader_election
+        .as_ref()
+        .filter(|_| config.sharding.is_none())
+    else {
         return Ok(None);
     };
     let election = Election::new(spec.clone(), registry)
@@ -175,6 +188,74 @@ async fn start_election(
             },
         })?;
     Ok(Some(Arc::new(election)))
+}
+
+/// Spawns what `run` makes of a new stop token; returns the token and the
+/// task.
+fn spawn_until<F>(run: impl FnOnce(CancellationToken) -> F) -> (CancellationToken, JoinHandle<()>)
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(run(stop.clone()));
+    (stop, task)
+}
+
+/// The process's registry, with the process collector and the reload
+/// counter in it.
+fn new_registry() -> Result<(Registry, IntCounterVec), StartError> {
+    let registry = Registry::new();
+    registry
+        .register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))
+        .map_err(setup("process metrics"))?;
+    let reloads = reload_counter(&registry).map_err(setup("reload metrics"))?;
+    Ok((registry, reloads))
+}
+
+/// The sharding `config` asks for, if any, not yet running.
+async fn new_sharding(
+    config: &Config,
+    registry: &Registry,
+) -> Result<Option<Sharding>, StartError> {
+    let (Some(sharding), Some(election)) = (&config.sharding, &config.leader_election) else {
+        return Ok(None);
+    };
+    Sharding::new(election.clone(), sharding, registry)
+        .await
+        .map(Some)
+        .map_err(|err| match err {
+            election::Error::NoNamespace => StartError::Config(ConfigError {
+                file: config.label(),
+                field: "leaderElection.leaseNamespace".to_owned(),
+                message: "is required outside a pod".to_owned(),
+            }),
+            other => StartError::Setup {
+                what: "sharding",
+                source: other.into(),
+            },
+        })
+}
+
+/// The remotes of `resolved` that `shard` lets this replica run: all of
+/// them without sharding.
+fn held(
+    resolved: &[remote::ResolvedRemote],
+    shard: Option<&ShardHandle>,
+) -> Vec<remote::ResolvedRemote> {
+    match shard {
+        None => resolved.to_vec(),
+        Some(shard) => {
+            let holding = shard.holding();
+            let names = holding.borrow();
+            resolved
+                .iter()
+                .filter(|r| names.contains(&r.name))
+                .cloned()
+                .collect()
+        }
+    }
 }
 
 fn setup<E: Into<BoxError>>(what: &'static str) -> impl Fn(E) -> StartError {
@@ -194,33 +275,32 @@ impl Daemon {
     pub async fn start(config: Config) -> Result<Self, StartError> {
         let remotes = remote::resolve(&config).await?;
         // Bind first: never run without health endpoints.
-        let listener =
-            admin::bind(config.admin_address)
-                .await
-                .map_err(|source| StartError::Bind {
-                    addr: config.admin_address,
-                    source,
-                })?;
-        let admin_address = listener.local_addr().map_err(|source| StartError::Bind {
+        let bind_error = |source| StartError::Bind {
             addr: config.admin_address,
             source,
-        })?;
+        };
+        let listener = admin::bind(config.admin_address)
+            .await
+            .map_err(bind_error)?;
+        let admin_address = listener.local_addr().map_err(bind_error)?;
 
-        let registry = Registry::new();
-        registry
-            .register(Box::new(
-                prometheus::process_collector::ProcessCollector::for_self(),
-            ))
-            .map_err(setup("process metrics"))?;
-        let reloads = reload_counter(&registry).map_err(setup("reload metrics"))?;
+        let (registry, reloads) = new_registry()?;
 
+        // With sharding, this replica runs only what it holds: nothing
+        // until its first round among the members.
+        let sharding = new_sharding(&config, &registry).await?;
+        let shard = sharding.as_ref().map(Sharding::handle);
+        if let Some(shard) = &shard {
+            shard.set_remotes(remote::keys(&remotes));
+        }
+        let running = held(&remotes, shard.as_ref());
         let probe_set = ProbeSet::new(config.probe.clone(), &registry).map_err(setup("probes"))?;
         probe_set
-            .sync(&remote::probed(&remotes))
+            .sync(&remote::probed(&running))
             .map_err(setup("probes"))?;
         let probes = probe_set.handle();
         let (manager, manager_handle, process) =
-            build_manager(&config, remotes, &registry, &probes)
+            build_manager(&config, running, &registry, &probes)
                 .map_err(setup("manager metrics"))?;
         let election = start_election(&config, &registry).await?;
         let election_handle = election.as_ref().map(|e| e.handle());
@@ -240,6 +320,7 @@ impl Daemon {
                 manager: manager_handle.clone(),
                 process: process.clone(),
                 election: election_handle.clone(),
+                shard: shard.clone(),
                 draining: Arc::clone(&draining),
             },
             Heartbeats {
@@ -259,13 +340,15 @@ impl Daemon {
         ));
         let run = tokio::spawn(supervisor.run(root.clone()));
         let elected = election.map(|election| {
-            let stop = CancellationToken::new();
-            let task = tokio::spawn({
+            let task = spawn_until(|stop| {
                 let election = Arc::clone(&election);
-                let stop = stop.clone();
                 async move { election.run(stop).await }
             });
-            (election, stop, task)
+            (election, task.0, task.1)
+        });
+        let sharded = sharding.zip(shard).map(|(sharding, handle)| {
+            let (stop, task) = spawn_until(|stop| sharding.run(stop));
+            (handle, stop, task)
         });
         info!(
             admin = %admin_address,
@@ -289,6 +372,8 @@ impl Daemon {
             run,
             admin_stop,
             elected,
+            resolved: remotes,
+            sharded,
         })
     }
 
@@ -322,8 +407,13 @@ impl Daemon {
             });
         }
         let remotes = remote::resolve(&next).await?;
+        let shard = self.sharded.as_ref().map(|(shard, _, _)| shard);
+        if let Some(shard) = shard {
+            shard.set_remotes(remote::keys(&remotes));
+        }
+        let running = held(&remotes, shard);
         self.probe_set
-            .sync(&remote::probed(&remotes))
+            .sync(&remote::probed(&running))
             .map_err(|err| ConfigError {
                 file: next.label(),
                 field: "remotes".to_owned(),
@@ -346,9 +436,10 @@ impl Daemon {
             }
         }
         self.manager.update(Plan {
-            remotes,
+            remotes: running,
             watch: next.watch.clone(),
         });
+        self.resolved = remotes;
         if let (Some(process), Some(spec)) = (&self.process, &next.exec) {
             process.update(spec.clone());
         }
@@ -361,6 +452,62 @@ impl Daemon {
         );
         self.config = next;
         Ok(())
+    }
+
+    /// Runs what the sharding now lets this replica hold: the probes and
+    /// the manager's plan follow, and the running cycle ends
+    /// (`shard_changed`). Once that cycle's manager has returned, the
+    /// sharding hears the remotes given up are let go.
+    fn apply_holding(&mut self) {
+        let Some((shard, _, _)) = &self.sharded else {
+            return;
+        };
+        let running = held(&self.resolved, Some(shard));
+        let before: std::collections::BTreeSet<String> =
+            self.probes.status().into_iter().map(|r| r.name).collect();
+        let now: std::collections::BTreeSet<String> =
+            running.iter().map(|r| r.name.clone()).collect();
+        if now == before {
+            shard.applied(now);
+            return;
+        }
+        if let Err(err) = self.probe_set.sync(&remote::probed(&running)) {
+            // The remotes were resolved and synced before; a subset cannot
+            // fail, but if it did, the old set stays probed.
+            error!(error = %err, "applying this replica's share failed");
+            return;
+        }
+        self.manager.update(Plan {
+            remotes: running,
+            watch: self.config.watch.clone(),
+        });
+        let cycle = self.supervisor.status().cycle;
+        let ended = self.supervisor.end_cycle(Cause::ShardChanged {
+            taken: now.difference(&before).count(),
+            given_up: before.difference(&now).count(),
+        });
+        info!(
+            holds = now.len(),
+            taken = now.difference(&before).count(),
+            given_up = before.difference(&now).count(),
+            "this replica's remotes changed"
+        );
+        let supervisor = self.supervisor.clone();
+        let shard = shard.clone();
+        tokio::spawn(async move {
+            // The cycle that ran the old set ends when its manager returns
+            // (within the shutdown grace); then nothing runs the remotes
+            // given up.
+            while ended
+                && supervisor
+                    .status()
+                    .last_ended()
+                    .is_none_or(|c| c.number < cycle)
+            {
+                tokio::time::sleep(APPLIED_POLL).await;
+            }
+            shard.applied(now);
+        });
     }
 
     /// Drains and shuts down: `/readyz` answers 503 at once, root is
@@ -379,6 +526,13 @@ impl Daemon {
                 ShutdownOutcome::GraceExceeded
             }
         };
+        // The manager has stopped: the remotes are let go, and the sharding
+        // deletes this replica's Lease so the others take them at once.
+        if let Some((shard, stop, task)) = self.sharded {
+            shard.applied(std::collections::BTreeSet::new());
+            stop.cancel();
+            let _ = task.await;
+        }
         // The manager has stopped: now let another replica lead at once.
         if let Some((election, stop, task)) = self.elected {
             stop.cancel();
@@ -401,6 +555,13 @@ impl Daemon {
             mut hup,
         } = signals;
         let mut poll = tokio::time::interval(CONFIG_POLL);
+        // Without sharding, a receiver that never changes.
+        let (_never, idle) = tokio::sync::watch::channel(std::collections::BTreeSet::new());
+        // A change made before this loop began is seen at its first turn.
+        let mut holding = self
+            .sharded
+            .as_ref()
+            .map_or(idle, |(shard, _, _)| shard.holding());
         let mut seen = self
             .config
             .file
@@ -415,6 +576,7 @@ impl Daemon {
                     self.reload().await;
                     seen = self.config.file.as_ref().and_then(|f| std::fs::read(f).ok());
                 }
+                Ok(()) = holding.changed() => self.apply_holding(),
                 _ = poll.tick() => {
                     let now = self.config.file.as_ref().and_then(|f| std::fs::read(f).ok());
                     if now.is_some() && now != seen {

@@ -480,7 +480,7 @@ async fn check(args: &ConfigArgs) -> ExitCode {
 /// The Lease's holder, and this replica's role, as `tether check` shows them.
 async fn write_election(out: &mut String, spec: &tether::config::LeaderElectionSpec) {
     let registry = prometheus::Registry::new();
-    let election = match tether::election::Election::new(spec.clone(), &registry).await {
+    let election = match tether::lease::election::Election::new(spec.clone(), &registry).await {
         Ok(election) => election,
         Err(err) => {
             let _ = writeln!(

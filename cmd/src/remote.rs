@@ -310,3 +310,18 @@ pub async fn resolve(config: &Config) -> Result<Vec<ResolvedRemote>, ConfigError
 pub fn probed(remotes: &[ResolvedRemote]) -> Vec<Remote> {
     remotes.iter().map(ResolvedRemote::probed).collect()
 }
+
+/// Each remote's key for sharding, by name: its normalized URL, so the
+/// names that share an apiserver share an owner (and one probe). A URL
+/// that cannot be normalized keys by the name.
+#[must_use]
+pub fn keys(remotes: &[ResolvedRemote]) -> std::collections::BTreeMap<String, String> {
+    remotes
+        .iter()
+        .map(|r| {
+            let key =
+                tether_probes::Identity::of(&r.config).map_or_else(|_| r.name.clone(), |i| i.url);
+            (r.name.clone(), key)
+        })
+        .collect()
+}

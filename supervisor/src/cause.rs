@@ -28,13 +28,15 @@ pub enum CauseKind {
     BuildFailed,
     /// This process may no longer build cycles: it lost the leadership.
     LeadershipLost,
+    /// The remotes this replica owns changed: a replica joined or left.
+    ShardChanged,
     /// The process is shutting down; no further cycle is built.
     Shutdown,
 }
 
 impl CauseKind {
     /// Every kind, in declaration order, so metrics can be pre-initialised.
-    pub const ALL: [Self; 10] = [
+    pub const ALL: [Self; 11] = [
         Self::RemoteLost,
         Self::RemoteRecovered,
         Self::ConfigChanged,
@@ -44,6 +46,7 @@ impl CauseKind {
         Self::ManagerPanicked,
         Self::BuildFailed,
         Self::LeadershipLost,
+        Self::ShardChanged,
         Self::Shutdown,
     ];
 
@@ -60,6 +63,7 @@ impl CauseKind {
             Self::ManagerPanicked => "manager_panicked",
             Self::BuildFailed => "build_failed",
             Self::LeadershipLost => "leadership_lost",
+            Self::ShardChanged => "shard_changed",
             Self::Shutdown => "shutdown",
         }
     }
@@ -114,6 +118,13 @@ pub enum Cause {
     },
     /// This process may no longer build cycles: it lost the leadership.
     LeadershipLost,
+    /// The remotes this replica owns changed.
+    ShardChanged {
+        /// Remotes it took.
+        taken: usize,
+        /// Remotes it gave up.
+        given_up: usize,
+    },
     /// The process is shutting down.
     Shutdown,
 }
@@ -148,6 +159,7 @@ impl Cause {
             Self::ManagerPanicked { .. } => CauseKind::ManagerPanicked,
             Self::BuildFailed { .. } => CauseKind::BuildFailed,
             Self::LeadershipLost => CauseKind::LeadershipLost,
+            Self::ShardChanged { .. } => CauseKind::ShardChanged,
             Self::Shutdown => CauseKind::Shutdown,
         }
     }
@@ -171,6 +183,9 @@ impl Cause {
             Self::ManagerPanicked { message } => format!("the manager panicked: {message}"),
             Self::BuildFailed { error } => format!("building the manager failed: {error}"),
             Self::LeadershipLost => "leadership lost".to_owned(),
+            Self::ShardChanged { taken, given_up } => {
+                format!("this replica's remotes changed: {taken} taken, {given_up} given up")
+            }
             Self::Shutdown => "shutdown".to_owned(),
         }
     }
@@ -188,6 +203,9 @@ impl fmt::Display for Cause {
             }
             Self::ManagerPanicked { message } => write!(f, "{kind}: {message}"),
             Self::TransitionsMissed { count } => write!(f, "{kind} ({count} dropped)"),
+            Self::ShardChanged { taken, given_up } => {
+                write!(f, "{kind} ({taken} taken, {given_up} given up)")
+            }
             Self::ConfigChanged | Self::ManagerExited | Self::LeadershipLost | Self::Shutdown => {
                 kind.fmt(f)
             }

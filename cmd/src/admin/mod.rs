@@ -30,12 +30,13 @@ use tether_supervisor::SupervisorHandle;
 pub use self::page::{ATTENTION_SHOWN, HEALTHY_SHOWN, Query, REFRESH, escape};
 pub use self::server::{HEAD_TIMEOUT, Listener, MAX_CONNECTIONS, bind, serve};
 pub use self::view::{
-    Attention, CacheView, Counts, CycleView, ElectionView, ProcessView, RemoteView, StatusView,
-    SupervisorView, Verdict, VerdictState,
+    Attention, CacheView, Counts, CycleView, ElectionView, ProcessView, RemoteView, ShardView,
+    StatusView, SupervisorView, Verdict, VerdictState,
 };
 
-use crate::election::ElectionHandle;
 use crate::exec::ProcessHandle;
+use crate::lease::election::ElectionHandle;
+use crate::lease::shard::ShardHandle;
 use crate::manager::ManagerHandle;
 
 /// The state the admin server reads: it never reaches into a manager.
@@ -51,6 +52,8 @@ pub struct Sources {
     pub process: Option<ProcessHandle>,
     /// The leader election, when on.
     pub election: Option<ElectionHandle>,
+    /// The sharding of remotes among replicas, when on.
+    pub shard: Option<ShardHandle>,
     /// Set once at shutdown; never cleared.
     pub draining: Arc<AtomicBool>,
 }

@@ -20,7 +20,9 @@ use std::time::Duration;
 
 use tether_probes::{BUCKET_WIDTH, Bucket, HISTORY_BUCKETS, HISTORY_WINDOW, Recent};
 
-use super::view::{Attention, CycleView, RemoteView, StatusView};
+use super::view::{
+    Attention, CycleView, ElectionView, ProcessView, RemoteView, ShardView, StatusView,
+};
 use crate::human;
 
 /// The most rows needing attention the page shows; the filter finds the
@@ -303,7 +305,7 @@ fn write_row(html: &mut String, r: &RemoteView, recent: &Recent) {
         html,
         "</td><td class=\"num\">{}<div class=\"sub\">{}</div></td>",
         r.latency_seconds
-            .filter(|_| r.state != "unreachable")
+            .filter(|_| r.attention != Attention::Unreachable)
             .map_or_else(|| "—".to_owned(), |l| human::latency(secs(l))),
         slowest
             .filter(|ms| *ms > 0)
@@ -618,66 +620,108 @@ fn write_facts(html: &mut String, view: &StatusView) {
         if view.draining { "yes" } else { "no" }.to_owned(),
     );
     if let Some(p) = &view.process {
-        fact(
-            "manager process",
-            format!("<code>{}</code>", escape(&human::command(&p.command))),
-        );
-        fact(
-            "process",
-            match (p.pid, p.running_seconds) {
-                (Some(pid), Some(run)) => {
-                    format!("pid {pid}, running for {}", human::span(secs(run)))
-                }
-                (Some(pid), None) => format!("pid {pid}"),
-                _ => "not running".to_owned(),
-            },
-        );
-        if let Some(check) = &p.readiness_check {
-            fact("readiness check", escape(check));
-        }
-        if let (Some(how), Some(at)) = (&p.last_exit, p.last_exit_seconds_ago) {
-            let by = if p.last_exit_stopped == Some(true) {
-                "stopped by tether"
-            } else {
-                "ended by itself"
-            };
-            fact(
-                "last exit",
-                format!(
-                    "{} ({by}, cycle {}) · {}",
-                    escape(how),
-                    p.last_exit_cycle.unwrap_or_default(),
-                    ago(at)
-                ),
-            );
-        }
-        if let Some(err) = &p.spawn_error {
-            fact(
-                "spawn error",
-                format!("<span class=\"now\">{}</span>", escape(err)),
-            );
-        }
+        process_facts(&mut fact, p);
     }
     if let Some(e) = &view.election {
-        fact("role", e.role.to_owned());
-        fact("this replica", escape(&e.identity));
-        fact(
-            "leader",
-            if e.holder.is_empty() {
-                "none".to_owned()
-            } else {
-                escape(&e.holder)
-            },
-        );
-        fact("lease", escape(&e.lease));
-        if let Some(err) = &e.last_error {
-            fact(
-                "lease error",
-                format!("<span class=\"now\">{}</span>", escape(err)),
-            );
-        }
+        election_facts(&mut fact, e);
+    }
+    if let Some(shard) = &view.shard {
+        shard_facts(&mut fact, shard);
     }
     html.push_str("</dl></section>");
+}
+
+/// The exec manager's process, as facts.
+fn process_facts(fact: &mut impl FnMut(&str, String), p: &ProcessView) {
+    fact(
+        "manager process",
+        format!("<code>{}</code>", escape(&human::command(&p.command))),
+    );
+    fact(
+        "process",
+        match (p.pid, p.running_seconds) {
+            (Some(pid), Some(run)) => {
+                format!("pid {pid}, running for {}", human::span(secs(run)))
+            }
+            (Some(pid), None) => format!("pid {pid}"),
+            _ => "not running".to_owned(),
+        },
+    );
+    if let Some(check) = &p.readiness_check {
+        fact("readiness check", escape(check));
+    }
+    if let (Some(how), Some(at)) = (&p.last_exit, p.last_exit_seconds_ago) {
+        let by = if p.last_exit_stopped == Some(true) {
+            "stopped by tether"
+        } else {
+            "ended by itself"
+        };
+        fact(
+            "last exit",
+            format!(
+                "{} ({by}, cycle {}) · {}",
+                escape(how),
+                p.last_exit_cycle.unwrap_or_default(),
+                ago(at)
+            ),
+        );
+    }
+    if let Some(err) = &p.spawn_error {
+        fact(
+            "spawn error",
+            format!("<span class=\"now\">{}</span>", escape(err)),
+        );
+    }
+}
+
+/// The leader election, as facts.
+fn election_facts(fact: &mut impl FnMut(&str, String), e: &ElectionView) {
+    fact("role", e.role.to_owned());
+    fact("this replica", escape(&e.identity));
+    fact(
+        "leader",
+        if e.holder.is_empty() {
+            "none".to_owned()
+        } else {
+            escape(&e.holder)
+        },
+    );
+    fact("lease", escape(&e.lease));
+    if let Some(err) = &e.last_error {
+        fact(
+            "lease error",
+            format!("<span class=\"now\">{}</span>", escape(err)),
+        );
+    }
+}
+
+/// This replica among the shards, as facts.
+fn shard_facts(fact: &mut impl FnMut(&str, String), shard: &ShardView) {
+    fact("shard group", escape(&shard.group));
+    fact("this replica", escape(&shard.identity));
+    fact("members", escape(&shard.members.join(", ")));
+    fact(
+        "holds",
+        format!(
+            "{} of {}{}",
+            human::number(shard.owned.len() as u64),
+            human::count(shard.configured as u64, "remote", "remotes"),
+            if shard.waiting.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; {} more once another member gives them up",
+                    human::number(shard.waiting.len() as u64)
+                )
+            }
+        ),
+    );
+    if let Some(err) = &shard.last_error {
+        fact(
+            "shard error",
+            format!("<span class=\"now\">{}</span>", escape(err)),
+        );
+    }
 }
 
 #[cfg(test)]

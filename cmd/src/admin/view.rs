@@ -39,6 +39,28 @@ pub struct StatusView {
     pub process: Option<ProcessView>,
     /// The leader election, when on.
     pub election: Option<ElectionView>,
+    /// The sharding of remotes among replicas, when on.
+    pub shard: Option<ShardView>,
+}
+
+/// This replica among the shards, as the status page shows it.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ShardView {
+    /// This replica's identity.
+    pub identity: String,
+    /// `namespace/prefix` of the members' Leases.
+    pub group: String,
+    /// The live members, as this replica sees them.
+    pub members: Vec<String>,
+    /// The remotes this replica holds, by name.
+    pub owned: Vec<String>,
+    /// The remotes it owns but waits for another member to give up.
+    pub waiting: Vec<String>,
+    /// Every configured remote.
+    pub configured: usize,
+    /// Why the last round failed, if it did.
+    pub last_error: Option<String>,
 }
 
 /// The state in one line, as a person says it.
@@ -315,30 +337,38 @@ fn seconds_ago(time: tokio::time::Instant) -> f64 {
     time.elapsed().as_secs_f64()
 }
 
-impl RemoteView {
-    /// Between cycles and at shutdown no cache syncs: a cache not synced
-    /// then is no news.
-    fn attention(&self, cycle_running: bool) -> Attention {
-        if self.state == Reachability::Unreachable.as_str() {
-            Attention::Unreachable
-        } else if self.local_error.is_some() {
-            Attention::CannotProbe
-        } else if self.caches.iter().any(|c| c.stale) {
-            Attention::Stale
-        } else if self.state == Reachability::Unknown.as_str() {
-            Attention::Unknown
-        } else if !self.ready {
-            Attention::NotReady
-        } else if cycle_running && (self.stopped_in_cycle || self.caches.iter().any(|c| !c.synced))
-        {
-            Attention::Syncing
-        } else if self.consecutive_failures > 0 || self.failed_recently {
-            Attention::Flapped
-        } else {
-            Attention::Healthy
+impl Attention {
+    /// How much `remote` needs a person's eye, with its `caches`. Between
+    /// cycles and at shutdown no cache syncs: a cache not synced then is no
+    /// news.
+    fn of(
+        remote: &tether_probes::RemoteStatus,
+        caches: &[CacheView],
+        stopped_in_cycle: bool,
+        cycle_running: bool,
+    ) -> Self {
+        match remote.state {
+            Reachability::Unreachable => Self::Unreachable,
+            _ if remote.local_error.is_some() => Self::CannotProbe,
+            _ if caches.iter().any(|c| c.stale) => Self::Stale,
+            Reachability::Unknown => Self::Unknown,
+            Reachability::Reachable if !remote.ready => Self::NotReady,
+            Reachability::Reachable
+                if cycle_running && (stopped_in_cycle || caches.iter().any(|c| !c.synced)) =>
+            {
+                Self::Syncing
+            }
+            Reachability::Reachable
+                if remote.consecutive_failures > 0 || remote.failed_recently =>
+            {
+                Self::Flapped
+            }
+            Reachability::Reachable => Self::Healthy,
         }
     }
+}
 
+impl RemoteView {
     /// `cluster-b unreachable for 12s (timeout, 6 failed probes)`.
     fn unreachable_since(&self) -> String {
         let since = self
@@ -431,6 +461,18 @@ pub(super) fn build(sources: &Sources) -> StatusView {
             spawn_error: state.spawn_error,
         }
     });
+    let shard = sources.shard.as_ref().map(|shard| {
+        let state = shard.state();
+        ShardView {
+            identity: state.identity,
+            group: state.group,
+            members: state.members,
+            owned: state.owned.into_iter().collect(),
+            waiting: state.waiting.into_iter().collect(),
+            configured: shard.configured(),
+            last_error: state.last_error,
+        }
+    });
     let draining = sources.draining.load(Ordering::SeqCst);
     let supervisor = supervisor_view(&status);
     let verdict = verdict(
@@ -440,6 +482,7 @@ pub(super) fn build(sources: &Sources) -> StatusView {
         &remotes,
         &counts,
         process.as_ref(),
+        shard.as_ref(),
     );
     StatusView {
         version: env!("CARGO_PKG_VERSION"),
@@ -454,6 +497,7 @@ pub(super) fn build(sources: &Sources) -> StatusView {
         remotes,
         process,
         election,
+        shard,
     }
 }
 
@@ -475,11 +519,17 @@ fn remote_view(
             failing_seconds_ago: ago(cache.failing_since),
             objects: cache.objects,
         })
-        .collect();
-    let mut view = RemoteView {
+        .collect::<Vec<_>>();
+    let stopped_in_cycle = status.stopped_remotes.binary_search(&remote.name).is_ok();
+    RemoteView {
         required: required.contains(&remote.name),
-        attention: Attention::Healthy,
-        stopped_in_cycle: status.stopped_remotes.binary_search(&remote.name).is_ok(),
+        attention: Attention::of(
+            &remote,
+            &caches,
+            stopped_in_cycle,
+            status.phase == Phase::Running,
+        ),
+        stopped_in_cycle,
         state: remote.state.as_str(),
         consecutive_failures: remote.consecutive_failures,
         last_status: remote.last_status,
@@ -495,9 +545,7 @@ fn remote_view(
         last_error: remote.last_error,
         local_error: remote.local_error,
         failed_recently: remote.failed_recently,
-    };
-    view.attention = view.attention(status.phase == Phase::Running);
-    view
+    }
 }
 
 fn supervisor_view(status: &Status) -> SupervisorView {
@@ -545,6 +593,7 @@ fn verdict(
     remotes: &[RemoteView],
     counts: &Counts,
     process: Option<&ProcessView>,
+    shard: Option<&ShardView>,
 ) -> Verdict {
     let unreachable = |required: bool| -> Vec<String> {
         remotes
@@ -558,6 +607,15 @@ fn verdict(
         human::number(counts.reachable as u64),
         human::count(counts.total as u64, "remote", "remotes")
     );
+    // With sharding, the counts are of this replica's share.
+    let reachable = match shard {
+        Some(s) => format!(
+            "{reachable}, this replica's share of {} among {}",
+            human::number(s.configured as u64),
+            human::count(s.members.len() as u64, "member", "members")
+        ),
+        None => reachable,
+    };
     let (state, text) = if draining {
         (
             VerdictState::Draining,

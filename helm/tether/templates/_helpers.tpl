@@ -24,10 +24,11 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 
 {{/* tether's config file: the values' config, the admin port, and one
 remote per Secret. */}}
-{{/* Whether leader election runs: as set, or when replicaCount > 1. */}}
+{{/* Whether leader election's settings are on: as set, or when
+replicaCount > 1; always with sharding, which uses them. */}}
 {{- define "tether.leaderElection" -}}
 {{- $set := .Values.leaderElection.enabled -}}
-{{- if kindIs "bool" $set -}}{{ $set }}{{- else -}}{{ gt (int .Values.replicaCount) 1 }}{{- end -}}
+{{- if .Values.sharding.enabled -}}true{{- else if kindIs "bool" $set -}}{{ $set }}{{- else -}}{{ gt (int .Values.replicaCount) 1 }}{{- end -}}
 {{- end -}}
 
 {{- define "tether.config" -}}
@@ -43,6 +44,9 @@ remote per Secret. */}}
 {{- if eq (include "tether.leaderElection" .) "true" -}}
 {{- $le := .Values.leaderElection -}}
 {{- $_ := set $config "leaderElection" (dict "enabled" true "leaseName" (default (include "tether.fullname" .) $le.leaseName) "leaseDuration" $le.leaseDuration "renewDeadline" $le.renewDeadline "retryPeriod" $le.retryPeriod) -}}
+{{- end -}}
+{{- if .Values.sharding.enabled -}}
+{{- $_ := set $config "sharding" (dict "enabled" true "leasePrefix" (default (printf "%s-shard" (include "tether.fullname" .)) .Values.sharding.leasePrefix)) -}}
 {{- end -}}
 {{- $exec := .Values.manager.exec -}}
 {{- if $exec.command -}}

@@ -146,10 +146,14 @@ pub(crate) async fn handle(
     let params = query_params(req.uri().query());
     // Watches count apart from lists, so a test can tell a resume from a
     // re-list.
+    let acting_as = req
+        .headers()
+        .get("impersonate-user")
+        .and_then(|v| v.to_str().ok());
     if flag(&params, "watch") {
-        shared.count_request(&format!("{path}?watch"));
+        shared.count_request(&format!("{path}?watch"), acting_as);
     } else {
-        shared.count_request(&path);
+        shared.count_request(&path, acting_as);
     }
 
     match shared.fault() {

@@ -87,6 +87,7 @@ impl HostileServer {
             ca_pem: None,
             token: None,
             client_cert: None,
+            impersonate: None,
         }
     }
 }

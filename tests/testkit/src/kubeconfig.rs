@@ -20,6 +20,10 @@ pub struct Kubeconfig {
     pub token: Option<String>,
     /// A client certificate and its key (PEM), if the server wants one.
     pub client_cert: Option<(String, String)>,
+    /// The user to act as (`as:`): clients send it as `Impersonate-User`,
+    /// and the server counts requests by it, so a test can tell clients
+    /// apart.
+    pub impersonate: Option<String>,
 }
 
 impl std::fmt::Debug for Kubeconfig {
@@ -31,6 +35,7 @@ impl std::fmt::Debug for Kubeconfig {
             .field("tls", &self.ca_pem.is_some())
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
             .field("client_cert", &self.client_cert.is_some())
+            .field("impersonate", &self.impersonate)
             .finish()
     }
 }
@@ -56,6 +61,9 @@ impl Kubeconfig {
                 STANDARD.encode(cert),
                 STANDARD.encode(key)
             );
+        }
+        if let Some(who) = &self.impersonate {
+            let _ = writeln!(user, "    as: \"{who}\"");
         }
         let user = if user.is_empty() {
             "  user: {}\n".to_owned()
@@ -90,6 +98,7 @@ mod tests {
             ca_pem: None,
             token: Some("s3cret".into()),
             client_cert: None,
+            impersonate: None,
         };
         assert!(!format!("{config:?}").contains("s3cret"));
         assert!(config.to_yaml().contains("token: \"s3cret\""));

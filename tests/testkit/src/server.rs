@@ -185,6 +185,8 @@ pub(crate) struct Shared {
     store: Store,
     state: Mutex<State>,
     requests: Mutex<BTreeMap<String, u64>>,
+    /// Requests by path and by the user a client acts as.
+    requests_as: Mutex<BTreeMap<(String, String), u64>>,
     open_connections: AtomicUsize,
     connections_accepted: AtomicU64,
     pub(crate) open_watches: AtomicUsize,
@@ -252,8 +254,13 @@ impl Shared {
             .is_some_and(|given| given == token)
     }
 
-    pub(crate) fn count_request(&self, path: &str) {
+    pub(crate) fn count_request(&self, path: &str, acting_as: Option<&str>) {
         *lock(&self.requests).entry(path.to_owned()).or_default() += 1;
+        if let Some(user) = acting_as {
+            *lock(&self.requests_as)
+                .entry((path.to_owned(), user.to_owned()))
+                .or_default() += 1;
+        }
     }
 
     /// Resets every open connection and starts a new generation.
@@ -332,6 +339,7 @@ impl ApiServer {
                 acceptor: None,
             }),
             requests: Mutex::default(),
+            requests_as: Mutex::default(),
             open_connections: AtomicUsize::new(0),
             connections_accepted: AtomicU64::new(0),
             open_watches: AtomicUsize::new(0),
@@ -393,6 +401,7 @@ impl ApiServer {
                 .identity
                 .as_ref()
                 .and_then(|i| i.client.clone()),
+            impersonate: None,
         }
     }
 
@@ -569,6 +578,17 @@ impl ApiServer {
             protobuf_watches: self.shared.protobuf_watches.load(Ordering::SeqCst),
             resource_version: self.shared.store.rv(),
         }
+    }
+
+    /// How many requests `path` has received from each client that acts as
+    /// a user (`Impersonate-User`, a kubeconfig's `as:`), by that user.
+    #[must_use]
+    pub fn requests_by(&self, path: &str) -> BTreeMap<String, u64> {
+        lock(&self.shared.requests_as)
+            .iter()
+            .filter(|((p, _), _)| p == path)
+            .map(|((_, user), n)| (user.clone(), *n))
+            .collect()
     }
 
     /// How many requests `path` has received.

@@ -1,0 +1,309 @@
+//! Sharing the remotes among replicas: tether processes, each on a shard
+//! Lease of its own in one simulated apiserver, and thirty simulated
+//! remotes. Each replica reaches the remotes as a user of its own
+//! (`as:` in its kubeconfigs), so the remotes count who probes them.
+
+// Real processes and sockets: bounded polls on the real clock.
+#![allow(clippy::disallowed_methods)]
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use common::{DEADLINE, Shape, Tether};
+use tether::lease::shard::owner;
+use tether_testkit::{ApiServer, Options};
+
+const LEASE_DURATION: Duration = Duration::from_secs(3);
+const RENEW_DEADLINE: Duration = Duration::from_secs(2);
+const RETRY_PERIOD: Duration = Duration::from_millis(500);
+/// The test config's probe interval.
+const INTERVAL: Duration = Duration::from_secs(1);
+const REMOTES: usize = 30;
+
+struct Remote {
+    name: String,
+    server: ApiServer,
+    /// Its key, as tether hashes it: the normalized URL.
+    key: String,
+}
+
+async fn remotes() -> Vec<Remote> {
+    let mut remotes = Vec::new();
+    for i in 0..REMOTES {
+        let name = format!("r{i:02}");
+        let server = ApiServer::start(Options::default().name(&name))
+            .await
+            .expect("server");
+        let key = tether_probes::normalize_url(&server.url().parse().expect("a URL"))
+            .expect("normalized");
+        remotes.push(Remote { name, server, key });
+    }
+    remotes
+}
+
+struct Replica {
+    id: String,
+    tether: Tether,
+    _dir: tempfile::TempDir,
+}
+
+fn replica(id: &str, leases: &ApiServer, remotes: &[Remote]) -> Replica {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let lease_kubeconfig = dir.path().join("leases.kubeconfig");
+    leases
+        .kubeconfig()
+        .write(&lease_kubeconfig)
+        .expect("kubeconfig");
+    let kubeconfigs: Vec<(&str, String)> = remotes
+        .iter()
+        .map(|r| {
+            let mut kubeconfig = r.server.kubeconfig();
+            kubeconfig.impersonate = Some(id.to_owned());
+            (r.name.as_str(), kubeconfig.to_yaml())
+        })
+        .collect();
+    let kubeconfigs: Vec<(&str, &str)> = kubeconfigs
+        .iter()
+        .map(|(name, yaml)| (*name, yaml.as_str()))
+        .collect();
+    let extra = format!(
+        "leaderElection: {{enabled: true, leaseNamespace: default, identity: {id}, \
+         leaseDuration: {}ms, renewDeadline: {}ms, retryPeriod: {}ms, kubeconfig: {}}}\n\
+         sharding: {{enabled: true}}",
+        LEASE_DURATION.as_millis(),
+        RENEW_DEADLINE.as_millis(),
+        RETRY_PERIOD.as_millis(),
+        lease_kubeconfig.display()
+    );
+    let servers: Vec<(&str, &ApiServer)> = remotes
+        .iter()
+        .map(|r| (r.name.as_str(), &r.server))
+        .collect();
+    let tether = Tether::start(
+        &servers,
+        &["--log-format", "json"],
+        &Shape {
+            kubeconfigs: &kubeconfigs,
+            extra: &extra,
+            ..Shape::default()
+        },
+    );
+    Replica {
+        id: id.to_owned(),
+        tether,
+        _dir: dir,
+    }
+}
+
+/// What a replica says it holds and waits for, from `/status.json`.
+async fn share(replica: &Replica) -> Option<(BTreeSet<String>, usize, usize)> {
+    let (_, body) = replica.tether.get("/status.json").await?;
+    let status: serde_json::Value = serde_json::from_str(&body).ok()?;
+    let shard = &status["shard"];
+    let names = |field: &str| -> BTreeSet<String> {
+        shard[field]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v.as_str().map(str::to_owned))
+            .collect()
+    };
+    Some((
+        names("owned"),
+        names("waiting").len(),
+        shard["members"].as_array().map_or(0, Vec::len),
+    ))
+}
+
+/// Polls until the replicas hold the remotes as rendezvous hashing over
+/// their identities says, none waiting, each seeing them all; returns the
+/// owner of each remote and how long it took.
+async fn until_settled(
+    replicas: &[&Replica],
+    remotes: &[Remote],
+) -> (BTreeMap<String, String>, Duration) {
+    let started = Instant::now();
+    let ids: Vec<&str> = replicas.iter().map(|r| r.id.as_str()).collect();
+    let want: BTreeMap<String, String> = remotes
+        .iter()
+        .map(|r| {
+            let owner = owner(&r.key, ids.iter().copied()).expect("members");
+            (r.name.clone(), owner.to_owned())
+        })
+        .collect();
+    loop {
+        let mut got = BTreeMap::new();
+        let mut settled = true;
+        for replica in replicas {
+            match share(replica).await {
+                Some((owned, 0, members)) if members == replicas.len() => {
+                    for name in owned {
+                        if got.insert(name, replica.id.clone()).is_some() {
+                            settled = false;
+                        }
+                    }
+                }
+                _ => settled = false,
+            }
+        }
+        if settled && got == want {
+            return (got, started.elapsed());
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "the shares never settled: want {want:?}, got {got:?}; logs of {}:\n{}",
+            replicas[0].id,
+            replicas[0].tether.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Asserts that, from now on, each remote is probed by its owner alone:
+/// waits until every remote has had two more probes from its owner, and
+/// checks that no other replica probed it meanwhile.
+async fn probed_by_owners_alone(owners: &BTreeMap<String, String>, remotes: &[Remote]) {
+    let before: Vec<BTreeMap<String, u64>> = remotes
+        .iter()
+        .map(|r| r.server.requests_by("/readyz"))
+        .collect();
+    let started = Instant::now();
+    loop {
+        let now: Vec<BTreeMap<String, u64>> = remotes
+            .iter()
+            .map(|r| r.server.requests_by("/readyz"))
+            .collect();
+        let mut done = true;
+        for ((remote, before), now) in remotes.iter().zip(&before).zip(&now) {
+            let owner = &owners[&remote.name];
+            for (user, count) in now {
+                let grew = count - before.get(user).copied().unwrap_or(0);
+                if user == owner {
+                    done &= grew >= 2;
+                } else {
+                    assert_eq!(
+                        grew, 0,
+                        "{} is {owner}'s, but {user} probed it too",
+                        remote.name
+                    );
+                }
+            }
+            done &= now.contains_key(owner);
+        }
+        if done {
+            return;
+        }
+        assert!(started.elapsed() < DEADLINE, "the owners stopped probing");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_share_the_remotes_and_a_loss_or_a_join_moves_only_what_it_must() {
+    let leases = ApiServer::start(
+        Options::default()
+            .name("leases")
+            .tls(true)
+            .token("leases-token"),
+    )
+    .await
+    .expect("the Leases' apiserver");
+    let remotes = remotes().await;
+    let a = replica("tether-a", &leases, &remotes);
+    let b = replica("tether-b", &leases, &remotes);
+    let mut c = replica("tether-c", &leases, &remotes);
+
+    let (owners, took) = until_settled(&[&a, &b, &c], &remotes).await;
+    eprintln!("three replicas settled in {took:?}");
+    for id in ["tether-a", "tether-b", "tether-c"] {
+        let n = owners.values().filter(|o| *o == id).count();
+        assert!(n > 0, "{id} holds nothing: {owners:?}");
+    }
+    probed_by_owners_alone(&owners, &remotes).await;
+    // Only the owner exports a remote's gauge.
+    for replica in [&a, &b, &c] {
+        let (_, metrics) = replica.tether.get("/metrics").await.expect("metrics");
+        for remote in &remotes {
+            let label = format!("remote=\"{}\"", remote.name);
+            let exported = metrics.lines().any(|line| {
+                line.starts_with("tether_remote_apiserver_reachable{") && line.contains(&label)
+            });
+            assert_eq!(
+                exported,
+                owners[&remote.name] == replica.id,
+                "{} on {}",
+                remote.name,
+                replica.id
+            );
+        }
+    }
+
+    // A replica dies: its remotes move to the others within leaseDuration
+    // and a round or two; no other remote moves.
+    c.tether.signal("KILL");
+    let _ = c.tether.wait().await;
+    let killed = Instant::now();
+    let (after, took) = until_settled(&[&a, &b], &remotes).await;
+    let moved: Vec<&String> = owners
+        .iter()
+        .filter(|(name, owner)| after[*name] != **owner)
+        .map(|(name, _)| name)
+        .collect();
+    eprintln!(
+        "a member lost: {} of {REMOTES} remotes moved in {:?} (settled {took:?} after the first poll)",
+        moved.len(),
+        killed.elapsed()
+    );
+    for name in &moved {
+        assert_eq!(
+            owners[*name], "tether-c",
+            "{name} moved, but was not the lost member's"
+        );
+    }
+    assert_eq!(
+        moved.len(),
+        owners.values().filter(|o| *o == "tether-c").count()
+    );
+    let bound = LEASE_DURATION + INTERVAL + RETRY_PERIOD * 2;
+    assert!(
+        killed.elapsed() < bound + Duration::from_secs(1),
+        "the lost member's remotes took {:?} to move (bound {bound:?})",
+        killed.elapsed()
+    );
+    probed_by_owners_alone(&after, &remotes).await;
+
+    // A replica joins: about a third moves to it, and only to it.
+    let d = replica("tether-d", &leases, &remotes);
+    let (joined, took) = until_settled(&[&a, &b, &d], &remotes).await;
+    let moved: Vec<&String> = after
+        .iter()
+        .filter(|(name, owner)| joined[*name] != **owner)
+        .map(|(name, _)| name)
+        .collect();
+    eprintln!(
+        "a member joined: {} of {REMOTES} remotes moved to it in {took:?}",
+        moved.len()
+    );
+    for name in &moved {
+        assert_eq!(
+            joined[*name], "tether-d",
+            "{name} moved between members that stayed"
+        );
+    }
+    assert!(!moved.is_empty(), "nothing moved to the new member");
+    probed_by_owners_alone(&joined, &remotes).await;
+
+    // A clean stop deletes the Lease: the others take its remotes at once,
+    // without waiting out leaseDuration.
+    let mut d = d;
+    let stopped = Instant::now();
+    d.tether.signal("TERM");
+    assert_eq!(d.tether.wait().await.code(), Some(0), "{}", d.tether.logs());
+    let (_, _) = until_settled(&[&a, &b], &remotes).await;
+    eprintln!(
+        "a member stopped: the others took its remotes in {:?}",
+        stopped.elapsed()
+    );
+}
