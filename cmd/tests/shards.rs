@@ -165,16 +165,17 @@ async fn until_settled(
 /// waits until every remote has had two more probes from its owner, and
 /// checks that no other replica probed it meanwhile.
 async fn probed_by_owners_alone(owners: &BTreeMap<String, String>, remotes: &[Remote]) {
-    let before: Vec<BTreeMap<String, u64>> = remotes
-        .iter()
-        .map(|r| r.server.requests_by("/readyz"))
-        .collect();
+    let count = |r: &Remote| -> BTreeMap<String, u64> {
+        r.server
+            .requests_by("/readyz")
+            .into_iter()
+            .map(|(user, requests)| (user, requests.count))
+            .collect()
+    };
+    let before: Vec<BTreeMap<String, u64>> = remotes.iter().map(count).collect();
     let started = Instant::now();
     loop {
-        let now: Vec<BTreeMap<String, u64>> = remotes
-            .iter()
-            .map(|r| r.server.requests_by("/readyz"))
-            .collect();
+        let now: Vec<BTreeMap<String, u64>> = remotes.iter().map(count).collect();
         let mut done = true;
         for ((remote, before), now) in remotes.iter().zip(&before).zip(&now) {
             let owner = &owners[&remote.name];
@@ -197,6 +198,30 @@ async fn probed_by_owners_alone(owners: &BTreeMap<String, String>, remotes: &[Re
         }
         assert!(started.elapsed() < DEADLINE, "the owners stopped probing");
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Asserts that each remote's reachability gauge is on its owner alone.
+async fn only_owners_export(
+    replicas: &[&Replica],
+    owners: &BTreeMap<String, String>,
+    remotes: &[Remote],
+) {
+    for replica in replicas {
+        let (_, metrics) = replica.tether.get("/metrics").await.expect("metrics");
+        for remote in remotes {
+            let label = format!("remote=\"{}\"", remote.name);
+            let exported = metrics.lines().any(|line| {
+                line.starts_with("tether_remote_apiserver_reachable{") && line.contains(&label)
+            });
+            assert_eq!(
+                exported,
+                owners[&remote.name] == replica.id,
+                "{} on {}",
+                remote.name,
+                replica.id
+            );
+        }
     }
 }
 
@@ -223,22 +248,7 @@ async fn replicas_share_the_remotes_and_a_loss_or_a_join_moves_only_what_it_must
     }
     probed_by_owners_alone(&owners, &remotes).await;
     // Only the owner exports a remote's gauge.
-    for replica in [&a, &b, &c] {
-        let (_, metrics) = replica.tether.get("/metrics").await.expect("metrics");
-        for remote in &remotes {
-            let label = format!("remote=\"{}\"", remote.name);
-            let exported = metrics.lines().any(|line| {
-                line.starts_with("tether_remote_apiserver_reachable{") && line.contains(&label)
-            });
-            assert_eq!(
-                exported,
-                owners[&remote.name] == replica.id,
-                "{} on {}",
-                remote.name,
-                replica.id
-            );
-        }
-    }
+    only_owners_export(&[&a, &b, &c], &owners, &remotes).await;
 
     // A replica dies: its remotes move to the others within leaseDuration
     // and a round or two; no other remote moves.
@@ -294,6 +304,19 @@ async fn replicas_share_the_remotes_and_a_loss_or_a_join_moves_only_what_it_must
     }
     assert!(!moved.is_empty(), "nothing moved to the new member");
     probed_by_owners_alone(&joined, &remotes).await;
+    // Never two at once: the old owner's last probe of a moved remote came
+    // before the new member's first.
+    for remote in remotes.iter().filter(|r| moved.contains(&&r.name)) {
+        let by = remote.server.requests_by("/readyz");
+        let (old, new) = (&by[&after[&remote.name]], &by["tether-d"]);
+        assert!(
+            old.last < new.first,
+            "{} was probed by {} until {:?} after tether-d began",
+            remote.name,
+            after[&remote.name],
+            old.last - new.first
+        );
+    }
 
     // A clean stop deletes the Lease: the others take its remotes at once,
     // without waiting out leaseDuration.

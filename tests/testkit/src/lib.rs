@@ -68,7 +68,7 @@ pub use crate::kubeconfig::Kubeconfig;
 pub use crate::netns::TestHost;
 pub use crate::resource::Resource;
 pub use crate::selector::check_label_selector;
-pub use crate::server::{ApiServer, Options, Restart, Stats};
+pub use crate::server::{ApiServer, Options, Requests, Restart, Stats};
 
 /// What can go wrong when running a simulated apiserver.
 #[derive(Debug, thiserror::Error)]

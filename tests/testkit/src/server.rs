@@ -145,6 +145,17 @@ pub enum Restart {
     Recreated,
 }
 
+/// The requests of one client (a user it acts as) on one path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Requests {
+    /// How many.
+    pub count: u64,
+    /// When the first came.
+    pub first: tokio::time::Instant,
+    /// When the last came.
+    pub last: tokio::time::Instant,
+}
+
 /// Counts and facts about a running server, for assertions.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stats {
@@ -185,8 +196,9 @@ pub(crate) struct Shared {
     store: Store,
     state: Mutex<State>,
     requests: Mutex<BTreeMap<String, u64>>,
-    /// Requests by path and by the user a client acts as.
-    requests_as: Mutex<BTreeMap<(String, String), u64>>,
+    /// Requests by path and by the user a client acts as: how many, and
+    /// when the first and the last came.
+    requests_as: Mutex<BTreeMap<(String, String), Requests>>,
     open_connections: AtomicUsize,
     connections_accepted: AtomicU64,
     pub(crate) open_watches: AtomicUsize,
@@ -257,9 +269,18 @@ impl Shared {
     pub(crate) fn count_request(&self, path: &str, acting_as: Option<&str>) {
         *lock(&self.requests).entry(path.to_owned()).or_default() += 1;
         if let Some(user) = acting_as {
-            *lock(&self.requests_as)
+            let now = tokio::time::Instant::now();
+            lock(&self.requests_as)
                 .entry((path.to_owned(), user.to_owned()))
-                .or_default() += 1;
+                .and_modify(|r| {
+                    r.count += 1;
+                    r.last = now;
+                })
+                .or_insert(Requests {
+                    count: 1,
+                    first: now,
+                    last: now,
+                });
         }
     }
 
@@ -583,11 +604,11 @@ impl ApiServer {
     /// How many requests `path` has received from each client that acts as
     /// a user (`Impersonate-User`, a kubeconfig's `as:`), by that user.
     #[must_use]
-    pub fn requests_by(&self, path: &str) -> BTreeMap<String, u64> {
+    pub fn requests_by(&self, path: &str) -> BTreeMap<String, Requests> {
         lock(&self.shared.requests_as)
             .iter()
             .filter(|((p, _), _)| p == path)
-            .map(|((_, user), n)| (user.clone(), *n))
+            .map(|((_, user), r)| (user.clone(), *r))
             .collect()
     }
 
