@@ -176,18 +176,24 @@ async fn start_election(
     };
     let election = Election::new(spec.clone(), registry)
         .await
-        .map_err(|err| match err {
-            election::Error::NoNamespace => StartError::Config(ConfigError {
-                file: config.label(),
-                field: "leaderElection.leaseNamespace".to_owned(),
-                message: "is required outside a pod".to_owned(),
-            }),
-            other => StartError::Setup {
-                what: "leader election",
-                source: other.into(),
-            },
-        })?;
+        .map_err(lease_error(config, "leader election"))?;
     Ok(Some(Arc::new(election)))
+}
+
+/// A Lease setup error: a namespace that cannot be known is the config's.
+fn lease_error(config: &Config, what: &'static str) -> impl Fn(election::Error) -> StartError {
+    let file = config.label();
+    move |err| match err {
+        election::Error::NoNamespace => StartError::Config(ConfigError {
+            file: file.clone(),
+            field: "leaderElection.leaseNamespace".to_owned(),
+            message: "is required outside a pod".to_owned(),
+        }),
+        other => StartError::Setup {
+            what,
+            source: other.into(),
+        },
+    }
 }
 
 /// Spawns what `run` makes of a new stop token; returns the token and the
@@ -225,17 +231,7 @@ async fn new_sharding(
     Sharding::new(election.clone(), sharding, registry)
         .await
         .map(Some)
-        .map_err(|err| match err {
-            election::Error::NoNamespace => StartError::Config(ConfigError {
-                file: config.label(),
-                field: "leaderElection.leaseNamespace".to_owned(),
-                message: "is required outside a pod".to_owned(),
-            }),
-            other => StartError::Setup {
-                what: "sharding",
-                source: other.into(),
-            },
-        })
+        .map_err(lease_error(config, "sharding"))
 }
 
 /// The remotes of `resolved` that `shard` lets this replica run: all of
