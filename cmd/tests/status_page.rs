@@ -129,6 +129,15 @@ fn class_of(dom: &str, id: &str) -> String {
     tag[class..class + tag[class..].find('"').expect("quoted")].to_owned()
 }
 
+/// Asserts the verdict's state (its class) and how its text begins;
+/// returns the text.
+fn verdict_reads(dom: &str, state: &str, begins: &str) -> String {
+    assert_eq!(class_of(dom, "verdict"), format!("verdict {state}"));
+    let text = text_of(dom, "verdict");
+    assert!(text.starts_with(begins), "{text}");
+    text
+}
+
 /// The table row of `remote`, as the DOM has it.
 fn row<'d>(dom: &'d str, remote: &str) -> &'d str {
     let start = dom
@@ -188,11 +197,10 @@ async fn the_status_page_tells_all_up_one_down_and_draining_apart() {
     })
     .await;
     let dom = browser.dom(&url);
-    assert_eq!(class_of(&dom, "verdict"), "verdict ready");
-    let text = text_of(&dom, "verdict");
-    assert!(
-        text.starts_with("Ready: 3 of 3 remotes reachable; manager up for"),
-        "{text}"
+    verdict_reads(
+        &dom,
+        "ready",
+        "Ready: 3 of 3 remotes reachable; manager up for",
     );
     assert!(dom.contains("No remote needs attention."), "{dom}");
     assert_eq!(dom.matches("<svg class=\"strip\"").count(), 3, "{dom}");
@@ -220,11 +228,10 @@ async fn the_status_page_tells_all_up_one_down_and_draining_apart() {
     })
     .await;
     let dom = browser.dom(&url);
-    assert_eq!(class_of(&dom, "verdict"), "verdict not_ready");
-    let text = text_of(&dom, "verdict");
-    assert!(
-        text.starts_with("Not ready: cycle 2 waits for beta's caches; beta unreachable for"),
-        "{text}"
+    let text = verdict_reads(
+        &dom,
+        "not_ready",
+        "Not ready: cycle 2 waits for beta's caches; beta unreachable for",
     );
     assert!(text.contains("(refused, "), "{text}");
     let beta_row = row(&dom, "beta");
@@ -270,9 +277,7 @@ async fn the_status_page_tells_all_up_one_down_and_draining_apart() {
     tether.signal("TERM");
     until_status(&tether, "draining", |s| verdict(s).0 == "draining").await;
     let dom = browser.dom(&url);
-    assert_eq!(class_of(&dom, "verdict"), "verdict draining");
-    let text = text_of(&dom, "verdict");
-    assert!(text.starts_with("Draining: /readyz answers 503"), "{text}");
+    verdict_reads(&dom, "draining", "Draining: /readyz answers 503");
     browser.screenshots(&url, "draining");
     // A second SIGTERM ends the drain window at once.
     tether.signal("TERM");

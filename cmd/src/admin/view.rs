@@ -475,22 +475,17 @@ pub(super) fn build(sources: &Sources) -> StatusView {
     });
     let draining = sources.draining.load(Ordering::SeqCst);
     let supervisor = supervisor_view(&status);
-    let verdict = verdict(
-        draining,
-        election.as_ref(),
-        &status,
-        &remotes,
-        &counts,
-        process.as_ref(),
-        shard.as_ref(),
-    );
-    StatusView {
+    let mut view = StatusView {
         version: env!("CARGO_PKG_VERSION"),
         rendered_at: jiff::Timestamp::now()
             .round(jiff::Unit::Second)
             .unwrap_or_else(|_| jiff::Timestamp::now())
             .to_string(),
-        verdict,
+        // Judged below, from the rest of the view.
+        verdict: Verdict {
+            state: VerdictState::NotReady,
+            text: String::new(),
+        },
         draining,
         supervisor,
         counts,
@@ -498,7 +493,9 @@ pub(super) fn build(sources: &Sources) -> StatusView {
         process,
         election,
         shard,
-    }
+    };
+    view.verdict = verdict(&view, &status);
+    view
 }
 
 /// One remote's row, its caches (keyed by (remote, resource): one range
@@ -586,15 +583,8 @@ fn supervisor_view(status: &Status) -> SupervisorView {
 }
 
 /// The verdict: what `/readyz` answers, and why, in one line.
-fn verdict(
-    draining: bool,
-    election: Option<&ElectionView>,
-    status: &Status,
-    remotes: &[RemoteView],
-    counts: &Counts,
-    process: Option<&ProcessView>,
-    shard: Option<&ShardView>,
-) -> Verdict {
+fn verdict(view: &StatusView, status: &Status) -> Verdict {
+    let (remotes, counts) = (&view.remotes, &view.counts);
     let unreachable = |required: bool| -> Vec<String> {
         remotes
             .iter()
@@ -608,7 +598,7 @@ fn verdict(
         human::count(counts.total as u64, "remote", "remotes")
     );
     // With sharding, the counts are of this replica's share.
-    let reachable = match shard {
+    let reachable = match &view.shard {
         Some(s) => format!(
             "{reachable}, this replica's share of {} among {}",
             human::number(s.configured as u64),
@@ -616,7 +606,7 @@ fn verdict(
         ),
         None => reachable,
     };
-    let (state, text) = if draining {
+    let (state, text) = if view.draining {
         (
             VerdictState::Draining,
             format!(
@@ -628,7 +618,7 @@ fn verdict(
                 }
             ),
         )
-    } else if let Some(e) = election.filter(|e| e.role == "standby") {
+    } else if let Some(e) = view.election.as_ref().filter(|e| e.role == "standby") {
         let leader = if e.holder.is_empty() {
             "none yet"
         } else {
@@ -651,7 +641,7 @@ fn verdict(
     } else {
         (
             VerdictState::NotReady,
-            not_ready(status, remotes, process, &unreachable(true)),
+            not_ready(status, remotes, view.process.as_ref(), &unreachable(true)),
         )
     };
     // "Standby (leader: pod-x)" reads as one phrase; the rest say why.
