@@ -5,8 +5,8 @@
 //! that never ends, or a watch event that never ends, would have tether buffer
 //! it until the process dies. A client from [`bounded_client`] cuts such a
 //! response with [`ResponseTooLarge`]: a list (any response but a watch)
-//! beyond [`MAX_RESPONSE`], a watch event (a line of the stream) beyond
-//! [`MAX_WATCH_EVENT`].
+//! beyond [`MAX_RESPONSE`] (a Lease client's beyond [`MAX_LEASE_RESPONSE`]),
+//! a watch event (a line of the stream) beyond [`MAX_WATCH_EVENT`].
 
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
@@ -25,12 +25,18 @@ pub const MAX_RESPONSE: u64 = 64 * 1024 * 1024;
 /// well above the 1.5 MiB etcd allows an object.
 pub const MAX_WATCH_EVENT: u64 = 4 * 1024 * 1024;
 
+/// The most a response about Leases may carry: 1 MiB. A Lease is a few
+/// hundred bytes (its holder is a name of at most 253 characters), so a
+/// list of every member of a shard group fits many times over.
+pub const MAX_LEASE_RESPONSE: u64 = 1024 * 1024;
+
 /// A response cut because it passed its bound.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum ResponseTooLarge {
-    /// A list (or any response but a watch) passed [`MAX_RESPONSE`].
-    #[error("the remote's response passed {} MiB, the most tether reads", MAX_RESPONSE >> 20)]
-    Response,
+    /// A list (or any response but a watch) passed its bound, in bytes
+    /// ([`MAX_RESPONSE`] for a remote).
+    #[error("the response passed {} MiB, the most tether reads", *.0 as f64 / f64::from(1 << 20))]
+    Response(u64),
     /// A watch event passed [`MAX_WATCH_EVENT`].
     #[error("a watch event from the remote passed {} MiB, the most tether reads", MAX_WATCH_EVENT >> 20)]
     WatchEvent,
@@ -45,34 +51,51 @@ pub enum ResponseTooLarge {
 ///
 /// As `kube::Client::try_from`.
 pub fn bounded_client(config: kube::Config) -> Result<kube::Client, kube::Error> {
+    bounded_client_within(config, MAX_RESPONSE)
+}
+
+/// As [`bounded_client`], with responses other than watches bounded by
+/// `max` bytes instead of [`MAX_RESPONSE`] (for example
+/// [`MAX_LEASE_RESPONSE`]).
+///
+/// # Errors
+///
+/// As `kube::Client::try_from`.
+pub fn bounded_client_within(config: kube::Config, max: u64) -> Result<kube::Client, kube::Error> {
     Ok(kube::client::ClientBuilder::try_from(config)?
-        .with_layer(&BoundLayer)
+        .with_layer(&BoundLayer { max })
         .build())
 }
 
 /// What a response is bounded by.
 #[derive(Debug, Clone, Copy)]
 enum Bound {
-    /// Its whole body.
-    Total,
+    /// Its whole body, to this many bytes.
+    Total(u64),
     /// Each line of its body.
     Line,
 }
 
 #[derive(Debug, Clone, Copy)]
-struct BoundLayer;
+struct BoundLayer {
+    max: u64,
+}
 
 impl<S> Layer<S> for BoundLayer {
     type Service = BoundService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        BoundService { inner }
+        BoundService {
+            inner,
+            max: self.max,
+        }
     }
 }
 
 #[derive(Debug, Clone)]
 struct BoundService<S> {
     inner: S,
+    max: u64,
 }
 
 fn is_watch(request: &Request<kube::client::Body>) -> bool {
@@ -100,7 +123,7 @@ where
         let bound = if is_watch(&request) {
             Bound::Line
         } else {
-            Bound::Total
+            Bound::Total(self.max)
         };
         self.inner
             .call(request)
@@ -134,10 +157,10 @@ impl<B> Bounded<B> {
     fn count(&mut self, data: &[u8]) -> Result<(), ResponseTooLarge> {
         let len = data.len() as u64;
         match self.bound {
-            Bound::Total => {
+            Bound::Total(max) => {
                 self.counted += len;
-                if self.counted > MAX_RESPONSE {
-                    return Err(ResponseTooLarge::Response);
+                if self.counted > max {
+                    return Err(ResponseTooLarge::Response(max));
                 }
             }
             Bound::Line => {
@@ -208,15 +231,15 @@ mod tests {
             Err(ResponseTooLarge::WatchEvent)
         );
         assert_eq!(
-            counted(Bound::Total, &[&mb[..]; 64]),
+            counted(Bound::Total(MAX_RESPONSE), &[&mb[..]; 64]),
             Ok(MAX_RESPONSE),
             "exactly the bound is allowed"
         );
         let mut past = vec![&mb[..]; 64];
         past.push(b"x");
         assert_eq!(
-            counted(Bound::Total, &past),
-            Err(ResponseTooLarge::Response)
+            counted(Bound::Total(MAX_RESPONSE), &past),
+            Err(ResponseTooLarge::Response(MAX_RESPONSE))
         );
     }
 }

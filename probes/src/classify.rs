@@ -182,19 +182,23 @@ fn next_cause<'a>(error: &'a (dyn StdError + 'static)) -> Option<&'a (dyn StdErr
 ///
 /// An exec credential plugin's failure is told by its exit status and a
 /// fixed message, never by kube's text for it, which carries the plugin's
-/// command line and everything it printed: a token, possibly.
+/// command line and everything it printed: a token, possibly. The message
+/// may be a peer's (an apiserver's `Status` message): it comes out fit to
+/// print, control characters escaped and cut at
+/// [`MAX_ERROR_CHARS`](tether_supervisor::MAX_ERROR_CHARS).
 #[must_use]
 pub fn root_cause(error: &(dyn StdError + 'static)) -> String {
     let mut current = error;
-    loop {
+    let told = loop {
         if let Some(told) = plugin_failure(current) {
-            return told;
+            break told;
         }
         match next_cause(current) {
             Some(next) => current = next,
-            None => return current.to_string(),
+            None => break current.to_string(),
         }
-    }
+    };
+    tether_supervisor::printable(&told, tether_supervisor::MAX_ERROR_CHARS).into_owned()
 }
 
 /// What went wrong with an exec credential plugin, without its output.

@@ -14,6 +14,9 @@
 //! rather than starting another, so a hung plugin holds one thread, not one
 //! per try.
 
+use std::cell::{Cell, RefCell};
+use std::panic::AssertUnwindSafe;
+use std::sync::Once;
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
@@ -26,11 +29,54 @@ use tokio::time::Instant;
 /// interval at the defaults.
 pub const PLUGIN_DEADLINE: Duration = Duration::from_secs(10);
 
-/// A client build that runs, or ran, on the blocking pool.
+/// A client build that runs, or ran, on the blocking pool: its result, or
+/// the message of the panic that ended it.
 #[derive(Debug)]
 pub struct Pending<T> {
-    task: JoinHandle<T>,
+    task: JoinHandle<Result<T, String>>,
     since: Instant,
+}
+
+thread_local! {
+    /// Whether this thread is building a client now.
+    static BUILDING: Cell<bool> = const { Cell::new(false) };
+    /// The message of the panic that ended this thread's build.
+    static PANIC: RefCell<Option<String>> = const { RefCell::new(None) };
+}
+
+/// Installs, once, a panic hook that keeps a build's panic quiet: kube
+/// panics on a credential an HTTP header cannot carry (a token with a
+/// control character, which an exec plugin may print), and a panic hook's
+/// message and backtrace on every try would flood the log. The message is
+/// kept for the build's error instead; any other panic goes to the hook that
+/// was there before.
+fn quiet_build_panics() {
+    static HOOK: Once = Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if BUILDING.get() {
+                let message = info
+                    .payload()
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| info.payload().downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a panic without a message".to_owned());
+                PANIC.set(Some(message));
+            } else {
+                previous(info);
+            }
+        }));
+    });
+}
+
+/// Runs `build` on this (blocking-pool) thread; a panic becomes its
+/// message, without a word from the panic hook.
+fn guarded<T>(build: impl FnOnce() -> T) -> Result<T, String> {
+    BUILDING.set(true);
+    let out = std::panic::catch_unwind(AssertUnwindSafe(build));
+    BUILDING.set(false);
+    out.map_err(|_| PANIC.take().unwrap_or_else(|| "a panic".to_owned()))
 }
 
 /// Why a build off the workers gave no result.
@@ -42,9 +88,10 @@ pub enum BuildError {
         "building the client, which runs its exec credential plugin, has not finished in {0:?}"
     )]
     Stalled(Duration),
-    /// It panicked.
-    #[error("building the client panicked")]
-    Panicked,
+    /// It panicked (in kube, on a credential it cannot send, most likely);
+    /// the panic's message, fit to print.
+    #[error("building the client failed inside kube: {0}")]
+    Panicked(String),
 }
 
 /// Runs `build` on the blocking pool, unless a build is already `pending`,
@@ -70,8 +117,9 @@ async fn within<T: Send + 'static>(
     pending: &mut Option<Pending<T>>,
     build: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, BuildError> {
+    quiet_build_panics();
     let running = pending.get_or_insert_with(|| Pending {
-        task: tokio::task::spawn_blocking(build),
+        task: tokio::task::spawn_blocking(|| guarded(build)),
         since: Instant::now(),
     });
     let outcome = tokio::time::timeout(deadline, &mut running.task).await;
@@ -80,7 +128,13 @@ async fn within<T: Send + 'static>(
         Err(_) => Err(BuildError::Stalled(since.elapsed())),
         Ok(done) => {
             *pending = None;
-            done.map_err(|_| BuildError::Panicked)
+            match done {
+                Ok(Ok(value)) => Ok(value),
+                Ok(Err(message)) => Err(BuildError::Panicked(
+                    tether_supervisor::printable(&message, 512).into_owned(),
+                )),
+                Err(_) => Err(BuildError::Panicked("the build was cancelled".to_owned())),
+            }
         }
     }
 }
@@ -135,5 +189,20 @@ mod tests {
         assert_eq!(within(deadline, &mut pending, build()).await, Ok(42));
         assert_eq!(started.load(Ordering::SeqCst), 1, "a second build started");
         assert!(pending.is_none());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_build_that_panics_is_an_error_with_its_message() {
+        let mut pending = None;
+        let out: Result<(), _> = within(Duration::from_secs(5), &mut pending, || {
+            panic!("token is not valid header: InvalidHeaderValue")
+        })
+        .await;
+        assert_eq!(
+            out,
+            Err(BuildError::Panicked(
+                "token is not valid header: InvalidHeaderValue".to_owned()
+            ))
+        );
     }
 }

@@ -1,5 +1,6 @@
-//! Who a remote is: its normalized URL, TLS server name, CA bundle and
-//! proxy. Remotes that share an identity are probed once.
+//! Who a remote is: its normalized URL, TLS server name, CA bundle, proxy,
+//! and the credentials it presents. Remotes that share an identity are
+//! probed once.
 
 use std::fmt;
 use std::hash::{DefaultHasher, Hash as _, Hasher as _};
@@ -60,6 +61,55 @@ pub struct Identity {
     /// 0 when there is none. A server that checks client certificates can
     /// accept one and refuse another.
     pub client_cert_hash: u64,
+    /// A hash of every other credential (token, token file, basic auth,
+    /// exec plugin, auth provider, impersonation); 0 when there is none.
+    /// Remotes that reach one apiserver as different users are probed
+    /// apart: a failure to make one's credentials is its own local error,
+    /// never the other's, and neither decides for the other. Never shown.
+    pub credentials_hash: u64,
+}
+
+/// A hash of the credentials in `auth` other than the client certificate.
+fn credentials_hash(auth: &kube::config::AuthInfo) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    auth.username.hash(&mut hasher);
+    auth.password
+        .as_ref()
+        .map(secrecy::ExposeSecret::expose_secret)
+        .hash(&mut hasher);
+    auth.token
+        .as_ref()
+        .map(secrecy::ExposeSecret::expose_secret)
+        .hash(&mut hasher);
+    auth.token_file.hash(&mut hasher);
+    auth.impersonate.hash(&mut hasher);
+    auth.impersonate_uid.hash(&mut hasher);
+    auth.impersonate_groups.hash(&mut hasher);
+    if let Some(exec) = &auth.exec {
+        exec.api_version.hash(&mut hasher);
+        exec.command.hash(&mut hasher);
+        exec.args.hash(&mut hasher);
+        exec.drop_env.hash(&mut hasher);
+        for env in exec.env.iter().flatten() {
+            let sorted: std::collections::BTreeMap<_, _> = env.iter().collect();
+            sorted.hash(&mut hasher);
+        }
+    }
+    if let Some(provider) = &auth.auth_provider {
+        provider.name.hash(&mut hasher);
+        let sorted: std::collections::BTreeMap<_, _> = provider.config.iter().collect();
+        sorted.hash(&mut hasher);
+    }
+    let any = auth.username.is_some()
+        || auth.password.is_some()
+        || auth.token.is_some()
+        || auth.token_file.is_some()
+        || auth.impersonate.is_some()
+        || auth.impersonate_uid.is_some()
+        || auth.impersonate_groups.is_some()
+        || auth.exec.is_some()
+        || auth.auth_provider.is_some();
+    if any { hasher.finish() } else { 0 }
 }
 
 /// `host:port` of `uri`, with no userinfo, ever.
@@ -152,6 +202,7 @@ impl Identity {
             proxy: config.proxy_url.as_ref().map(host_port_with_scheme),
             insecure: config.accept_invalid_certs,
             client_cert_hash,
+            credentials_hash: credentials_hash(auth),
         })
     }
 
@@ -254,5 +305,37 @@ mod tests {
         );
         assert_ne!(one, verifying);
         assert_ne!(one, other);
+    }
+
+    #[test]
+    fn identity_separates_users_of_one_apiserver() {
+        let config = |url: &str| kube::Config::new(url.parse().expect("valid"));
+        let anonymous = Identity::of(&config("https://h:6443")).expect("valid");
+        assert_eq!(anonymous.credentials_hash, 0);
+        let with_token = |token: &str| {
+            let mut c = config("https://h:6443");
+            c.auth_info.token = Some(token.to_owned().into());
+            Identity::of(&c).expect("valid")
+        };
+        assert_eq!(with_token("a"), with_token("a"), "one user is probed once");
+        assert_ne!(with_token("a"), with_token("b"));
+        assert_ne!(with_token("a"), anonymous);
+        let with_plugin = |arg: &str| {
+            let mut c = config("https://h:6443");
+            c.auth_info.exec = Some(kube::config::ExecConfig {
+                api_version: Some("client.authentication.k8s.io/v1".into()),
+                command: Some("get-token".into()),
+                args: Some(vec![arg.into()]),
+                env: None,
+                drop_env: None,
+                interactive_mode: None,
+                provide_cluster_info: false,
+                cluster: None,
+                install_hint: None,
+                other: std::collections::BTreeMap::new(),
+            });
+            Identity::of(&c).expect("valid")
+        };
+        assert_ne!(with_plugin("--cluster=a"), with_plugin("--cluster=b"));
     }
 }

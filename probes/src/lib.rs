@@ -51,7 +51,8 @@ mod tracker;
 mod wire;
 
 pub use crate::bounded::{
-    Bounded, MAX_RESPONSE, MAX_WATCH_EVENT, ResponseTooLarge, bounded_client,
+    Bounded, MAX_LEASE_RESPONSE, MAX_RESPONSE, MAX_WATCH_EVENT, ResponseTooLarge, bounded_client,
+    bounded_client_within,
 };
 pub use crate::classify::{
     FailureCause, LocalKind, Outcome, ProbeResult, classify, out_of_descriptors, root_cause,
@@ -62,7 +63,7 @@ pub use crate::credentials::{BuildError, PLUGIN_DEADLINE, Pending, off_workers, 
 pub use crate::history::{BUCKET_WIDTH, Bucket, HISTORY_BUCKETS, HISTORY_WINDOW, Recent};
 pub use crate::http::HEAD_TOO_LARGE;
 pub use crate::identity::{Identity, Remote, host_port, normalize_url};
-pub use crate::probe::{ProbeClient, probe_client, probe_once, without_userinfo};
+pub use crate::probe::{ProbeClient, probe_client, probe_once, shown_url, without_userinfo};
 pub use crate::set::{
     CheckRow, MetricChunks, ProbeSet, ProbeSetHandle, RemoteStatus, Transition, check,
 };

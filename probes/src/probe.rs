@@ -466,6 +466,17 @@ pub async fn probe_once(
     }
 }
 
+/// `uri` as it may be shown: no `user:password@`, and no query, which can
+/// carry a token (`?access_token=...`) as well.
+#[must_use]
+pub fn shown_url(uri: &http::Uri) -> String {
+    let bare = without_userinfo(uri);
+    match (bare.scheme_str(), bare.authority()) {
+        (Some(scheme), Some(authority)) => format!("{scheme}://{authority}{}", bare.path()),
+        _ => bare.path().to_owned(),
+    }
+}
+
 /// `uri` without its `user:password@` part.
 #[must_use]
 pub fn without_userinfo(uri: &http::Uri) -> http::Uri {

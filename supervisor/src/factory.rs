@@ -40,7 +40,10 @@ impl ManagerError {
     }
 }
 
-/// Renders an error and each of its sources, joined with `: `.
+/// Renders an error and each of its sources, joined with `: `, fit to
+/// print: an error may carry a peer's text (an apiserver's message), so
+/// control characters are escaped and the whole is cut at
+/// [`MAX_ERROR_CHARS`](crate::MAX_ERROR_CHARS) (see [`printable`](crate::printable)).
 #[must_use]
 pub fn error_chain(error: &(dyn StdError + 'static)) -> String {
     let mut out = error.to_string();
@@ -48,8 +51,11 @@ pub fn error_chain(error: &(dyn StdError + 'static)) -> String {
     while let Some(cause) = source {
         write!(out, ": {cause}").expect("writing to a String cannot fail");
         source = cause.source();
+        if out.len() > 4 * crate::MAX_ERROR_CHARS {
+            break;
+        }
     }
-    out
+    crate::printable(&out, crate::MAX_ERROR_CHARS).into_owned()
 }
 
 /// Builds a manager for a cycle and runs it until it ends.

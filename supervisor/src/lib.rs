@@ -76,6 +76,7 @@ mod scope;
 mod signal;
 mod state;
 mod supervisor;
+mod text;
 mod token;
 
 pub use crate::backoff::{Backoff, BackoffConfig};
@@ -85,6 +86,7 @@ pub use crate::scope::{OnLoss, RemoteScope, UsedRemote, UsedRemotes};
 pub use crate::signal::RemoteSignal;
 pub use crate::state::{EndedCycle, Phase, RECENT_CYCLES, Status};
 pub use crate::supervisor::{ShutdownOutcome, Supervisor, SupervisorConfig, SupervisorHandle};
+pub use crate::text::{MAX_ERROR_CHARS, printable};
 pub use crate::token::CycleToken;
 
 /// What can go wrong when setting up a supervisor.
