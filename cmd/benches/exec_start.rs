@@ -82,6 +82,9 @@ fn main() {
             ExecSpec::of_command(command, &SupervisorConfig::default(), None),
             watch.handle(),
             probes.handle(),
+            // The daemon starts each child as itself (`/proc/self/exe`);
+            // here, the tether binary plays that part.
+            env!("CARGO_BIN_EXE_tether").into(),
         )
         .expect("exec manager");
         let root = CancellationToken::new();

@@ -40,6 +40,7 @@ fn main() {
             .map(|i| ResolvedRemote {
                 name: format!("remote-{i:05}"),
                 required: i % 2 == 0,
+                source: tether::config::RemoteSource::Inferred,
                 config: kube::Config::new(
                     format!("http://127.0.0.{}:1", 1 + i % 250)
                         .parse()

@@ -174,6 +174,49 @@ impl ExecSpec {
     }
 }
 
+/// A whole, positive number of seconds: how a Lease stores its duration
+/// (`leaseDurationSeconds`, an integer). The config keeps it so from the
+/// file to the wire, so a replica's fence is computed from exactly the
+/// value the others read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct WholeSeconds(std::num::NonZeroU32);
+
+impl WholeSeconds {
+    /// `duration`, if it is a whole number of seconds, at least one, that a
+    /// Lease can store.
+    #[must_use]
+    pub fn new(duration: Duration) -> Option<Self> {
+        if duration.subsec_nanos() != 0 {
+            return None;
+        }
+        let secs = u32::try_from(duration.as_secs()).ok()?;
+        i32::try_from(secs).ok()?;
+        std::num::NonZeroU32::new(secs).map(Self)
+    }
+
+    /// As a duration.
+    #[must_use]
+    pub fn duration(self) -> Duration {
+        Duration::from_secs(u64::from(self.0.get()))
+    }
+
+    /// As a Lease's `leaseDurationSeconds`.
+    ///
+    /// # Panics
+    ///
+    /// Never: [`new`](Self::new) keeps the value within `i32`.
+    #[must_use]
+    pub fn wire(self) -> i32 {
+        i32::try_from(self.0.get()).expect("new() keeps it within i32")
+    }
+}
+
+impl fmt::Display for WholeSeconds {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}s", self.0)
+    }
+}
+
 /// The default time a process has to stop before SIGKILL: two thirds of the
 /// supervisor's default 30s shutdown grace, so a clean stop fits in it (a
 /// shorter shutdown grace shortens it too).
@@ -198,10 +241,11 @@ pub struct LeaderElectionSpec {
     /// Its namespace; `None`: the pod's.
     pub lease_namespace: Option<String>,
     /// This replica's holder identity; `None`: `$POD_NAME`, else the
-    /// hostname.
+    /// hostname, with a random suffix made at start.
     pub identity: Option<String>,
-    /// How long a holder's claim lasts after its last renewal.
-    pub lease_duration: Duration,
+    /// How long a holder's claim lasts after its last renewal, as the Lease
+    /// stores it.
+    pub lease_duration: WholeSeconds,
     /// How long a leader keeps trying to renew before it gives up: its fence.
     pub renew_deadline: Duration,
     /// How often to try.
@@ -225,7 +269,9 @@ impl LeaderElectionSpec {
     /// manager before another replica can take the Lease.
     #[must_use]
     pub fn fence_margin(&self) -> Duration {
-        self.lease_duration.saturating_sub(self.renew_deadline)
+        self.lease_duration
+            .duration()
+            .saturating_sub(self.renew_deadline)
     }
 }
 
@@ -256,6 +302,47 @@ pub struct Config {
     /// Sharing the remotes among replicas, when on: then every replica
     /// runs a manager for its own remotes, and no leader is elected.
     pub sharding: Option<ShardingSpec>,
+}
+
+/// The sections of a config that change only at a restart.
+struct Restartable {
+    admin_address: SocketAddr,
+    probe: ProbeConfig,
+    supervisor: SupervisorConfig,
+    leader_election: Option<LeaderElectionSpec>,
+    sharding: Option<ShardingSpec>,
+}
+
+impl Restartable {
+    /// These sections as they will run: the file's at start, the running
+    /// config's at a reload (`running`), with the names of those the file
+    /// changed.
+    fn into_running(self, running: Option<&Config>) -> (Self, Vec<&'static str>) {
+        let Some(running) = running else {
+            return (self, Vec::new());
+        };
+        let restart = [
+            (self.admin_address != running.admin_address, "admin.address"),
+            (self.probe != running.probe, "probe"),
+            (self.supervisor != running.supervisor, "supervisor"),
+            (
+                self.leader_election != running.leader_election,
+                "leaderElection",
+            ),
+            (self.sharding != running.sharding, "sharding"),
+        ]
+        .into_iter()
+        .filter_map(|(changed, section)| changed.then_some(section))
+        .collect();
+        let kept = Self {
+            admin_address: running.admin_address,
+            probe: running.probe.clone(),
+            supervisor: running.supervisor,
+            leader_election: running.leader_election.clone(),
+            sharding: running.sharding.clone(),
+        };
+        (kept, restart)
+    }
 }
 
 // The file's shape. Everything optional is defaulted in `validate`, so that
@@ -454,6 +541,23 @@ fn valid_name(name: &str) -> bool {
         && name.chars().all(|c| {
             c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.' || c == '_'
         })
+}
+
+/// A Lease name: a DNS subdomain, at most 253 lower-case letters, digits,
+/// '-' and '.', starting and ending with a letter or digit.
+fn valid_lease_name(name: &str) -> bool {
+    let alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+    !name.is_empty()
+        && name.len() <= 253
+        && name.starts_with(alnum)
+        && name.ends_with(alnum)
+        && name.chars().all(|c| alnum(c) || c == '-' || c == '.')
+}
+
+/// The longest identity a shard Lease's name leaves room for: the name is
+/// `<prefix>-<identity>`, at most 253 characters.
+fn identity_room(prefix: &str) -> usize {
+    253 - prefix.len() - 1
 }
 
 struct Checker<'a> {
@@ -724,20 +828,38 @@ impl Checker<'_> {
         }
         let field = |name: &str| format!("leaderElection.{name}");
         let lease_name = raw.lease_name.unwrap_or_else(|| "tether".to_owned());
-        if !valid_name(&lease_name) {
+        if !valid_lease_name(&lease_name) {
             return Err(self.error(
                 field("leaseName"),
                 format!(
-                    "{lease_name:?} is not a Lease name (lower-case letters, digits, '-', '.')"
+                    "{lease_name:?} is not a Lease name (at most 253 lower-case letters, digits, '-' and '.', starting and ending with a letter or digit)"
                 ),
             ));
         }
         let optional = |value: Option<String>| value.filter(|v| !v.is_empty());
+        let identity = optional(raw.identity);
+        if let Some(identity) = &identity
+            && (identity.len() > 253 || identity.chars().any(char::is_control))
+        {
+            return Err(self.error(
+                field("identity"),
+                "must be at most 253 characters, none of them a control character (a Lease's holderIdentity is a Kubernetes name)",
+            ));
+        }
         let lease_duration = self.duration(
             &field("leaseDuration"),
             raw.lease_duration.as_ref(),
             Duration::from_secs(15),
         )?;
+        let lease_duration = WholeSeconds::new(lease_duration).ok_or_else(|| {
+            self.error(
+                field("leaseDuration"),
+                format!(
+                    "{} is not a whole number of seconds: a Lease stores leaseDurationSeconds as an integer, and every replica's fence is computed from exactly what is written; write 1s or more, in whole seconds",
+                    raw.lease_duration.as_deref().map_or("", str::trim)
+                ),
+            )
+        })?;
         let renew_deadline = self.duration(
             &field("renewDeadline"),
             raw.renew_deadline.as_ref(),
@@ -754,19 +876,26 @@ impl Checker<'_> {
         if renew_deadline <= retry_period {
             return Err(self.error(
                 field("renewDeadline"),
-                format!("{renew_deadline:?} must be longer than retryPeriod ({retry_period:?})"),
+                format!(
+                    "{} must be longer than retryPeriod ({})",
+                    crate::human::exact(renew_deadline),
+                    crate::human::exact(retry_period)
+                ),
             ));
         }
-        if lease_duration <= renew_deadline {
+        if lease_duration.duration() <= renew_deadline {
             return Err(self.error(
                 field("leaseDuration"),
-                format!("{lease_duration:?} must be longer than renewDeadline ({renew_deadline:?}), so a leader that lost its Lease has stopped before another takes it"),
+                format!(
+                    "{lease_duration} must be longer than renewDeadline ({}), so a leader that lost its Lease has stopped before another takes it",
+                    crate::human::exact(renew_deadline)
+                ),
             ));
         }
         Ok(Some(LeaderElectionSpec {
             lease_name,
             lease_namespace: optional(raw.lease_namespace),
-            identity: optional(raw.identity),
+            identity,
             lease_duration,
             renew_deadline,
             retry_period,
@@ -794,11 +923,22 @@ impl Checker<'_> {
             .lease_prefix
             .unwrap_or_else(|| "tether-shard".to_owned());
         // The Lease is `<prefix>-<identity>`, and the prefix is a label value.
-        if !valid_name(&lease_prefix) || lease_prefix.len() > 40 {
+        if !valid_lease_name(&lease_prefix) || lease_prefix.len() > 40 {
             return Err(self.error(
                 "sharding.leasePrefix",
                 format!(
-                    "{lease_prefix:?} is not a Lease name prefix (at most 40 lower-case letters, digits, '-', '.')"
+                    "{lease_prefix:?} is not a Lease name prefix (at most 40 lower-case letters, digits, '-' and '.', starting and ending with a letter or digit)"
+                ),
+            ));
+        }
+        if let Some(identity) = election.and_then(|e| e.identity.as_deref())
+            && !(valid_lease_name(identity) && identity.len() <= identity_room(&lease_prefix))
+        {
+            return Err(self.error(
+                "leaderElection.identity",
+                format!(
+                    "{identity:?} cannot name a shard Lease ({lease_prefix}-<identity>): with sharding it must be at most {} lower-case letters, digits, '-' and '.', starting and ending with a letter or digit",
+                    identity_room(&lease_prefix)
                 ),
             ));
         }
@@ -997,9 +1137,33 @@ impl Config {
             message: format!("cannot read it: {e}"),
         })?;
         let base = path.parent().unwrap_or_else(|| Path::new("."));
-        Self::parse(&text, &file, base).map(|mut config| {
+        Self::parse_as(&text, &file, base, None).map(|(mut config, _)| {
             config.file = Some(path.to_owned());
             config
+        })
+    }
+
+    /// Reads and validates `path` again, for a reload of `running`. The
+    /// election's settings change only at a restart, so what the running
+    /// election's fence depends on (the exec manager's grace period, and
+    /// its default) is checked against the election as it runs, not as the
+    /// file now says. The result keeps the running values of the sections
+    /// that change only at a restart, and names those the file changed.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the file and the field.
+    pub fn reload(path: &Path, running: &Self) -> Result<(Self, Vec<&'static str>), ConfigError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: file.clone(),
+            field: "(file)".to_owned(),
+            message: format!("cannot read it: {e}"),
+        })?;
+        let base = path.parent().unwrap_or_else(|| Path::new("."));
+        Self::parse_as(&text, &file, base, Some(running)).map(|(mut config, restart)| {
+            config.file = Some(path.to_owned());
+            (config, restart)
         })
     }
 
@@ -1009,6 +1173,18 @@ impl Config {
     ///
     /// A [`ConfigError`] naming `file` and the field.
     pub fn parse(text: &str, file: &str, base: &Path) -> Result<Self, ConfigError> {
+        Self::parse_as(text, file, base, None).map(|(config, _)| config)
+    }
+
+    /// As [`parse`](Self::parse); at a reload, `running` is the config that
+    /// runs (see [`reload`](Self::reload)), and the sections that wait for a
+    /// restart come back too.
+    fn parse_as(
+        text: &str,
+        file: &str,
+        base: &Path,
+        running: Option<&Self>,
+    ) -> Result<(Self, Vec<&'static str>), ConfigError> {
         let raw: RawConfig = if text.trim().is_empty() {
             RawConfig::default()
         } else {
@@ -1043,12 +1219,39 @@ impl Config {
         let leader_election = check.leader_election(raw.leader_election.unwrap_or_default())?;
         let sharding =
             check.sharding(raw.sharding.unwrap_or_default(), leader_election.as_ref())?;
+        // At a reload, the sections that change only at a restart keep
+        // their running values: the exec manager's grace period is checked,
+        // and defaulted, against the shutdown grace and the election's fence
+        // that will actually hold while it runs.
+        let (
+            Restartable {
+                admin_address,
+                probe,
+                supervisor,
+                leader_election,
+                sharding,
+            },
+            restart,
+        ) = Restartable {
+            admin_address,
+            probe,
+            supervisor,
+            leader_election,
+            sharding,
+        }
+        .into_running(running);
+        let which = if running.is_some() {
+            " of the running election (its settings change only at a restart)"
+        } else {
+            ""
+        };
+        let fence = leader_election.as_ref();
         let exec = raw
             .manager
             .and_then(|m| m.exec)
-            .map(|exec| check.exec(exec, &supervisor, leader_election.as_ref()))
+            .map(|exec| check.exec(exec, &supervisor, fence))
             .transpose()?;
-        if let (Some(exec), Some(election)) = (&exec, &leader_election) {
+        if let (Some(exec), Some(election)) = (&exec, fence) {
             // The fence: a leader that stops renewing gives up at
             // renewDeadline, and its process must be gone before another
             // replica can take the Lease, at leaseDuration.
@@ -1057,8 +1260,9 @@ impl Config {
                 return Err(check.error(
                     "manager.exec.gracePeriod",
                     format!(
-                        "{:?} must be at most leaderElection.leaseDuration - renewDeadline ({margin:?}), so that a leader that lost its Lease has stopped its process before another replica can take it",
-                        exec.grace_period
+                        "{} must be at most leaderElection.leaseDuration - renewDeadline{which} ({}), so that a leader that lost its Lease has stopped its process before another replica can take it",
+                        crate::human::exact(exec.grace_period),
+                        crate::human::exact(margin),
                     ),
                 ));
             }
@@ -1076,7 +1280,7 @@ impl Config {
             (None, None) => default_watch(),
             (None, Some(_)) => Vec::new(),
         };
-        Ok(Self {
+        let config = Self {
             file: None,
             admin_address,
             drain_window,
@@ -1088,7 +1292,8 @@ impl Config {
             command_line: Vec::new(),
             leader_election,
             sharding,
-        })
+        };
+        Ok((config, restart))
     }
 
     /// The configuration without a file: defaults, and one remote from the
@@ -1190,10 +1395,11 @@ impl fmt::Display for RemoteSource {
                 insecure_skip_tls_verify,
                 ..
             } => {
+                // Never the userinfo or the query: either may hold a secret.
                 let uri: Option<http::Uri> = server.parse().ok();
                 let shown = uri.map_or_else(
-                    || server.clone(),
-                    |u| tether_probes::without_userinfo(&u).to_string(),
+                    || "(not a URL)".to_owned(),
+                    |u| tether_probes::shown_url(&u),
                 );
                 write!(f, "server {shown}")?;
                 if *insecure_skip_tls_verify {

@@ -112,8 +112,20 @@ pub struct Daemon {
     /// Every configured remote, resolved; with sharding, the manager and
     /// the probes get the ones this replica holds.
     resolved: Vec<remote::ResolvedRemote>,
-    /// The sharding's handle, its task and its stop, when on.
-    sharded: Option<(ShardHandle, CancellationToken, JoinHandle<()>)>,
+    /// The sharding, when on.
+    sharded: Option<Sharded>,
+}
+
+/// The running sharding, as the daemon drives it.
+#[derive(Debug)]
+struct Sharded {
+    handle: ShardHandle,
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+    /// The supervisor's gate: open while this replica holds a remote. A
+    /// replica with no share runs no manager (an exec child included) and
+    /// stands by.
+    gate: tokio::sync::watch::Sender<bool>,
 }
 
 /// The manager `config` asks for, the built-in watch manager's handle (the
@@ -124,7 +136,7 @@ fn build_manager(
     remotes: Vec<remote::ResolvedRemote>,
     registry: &Registry,
     probes: &ProbeSetHandle,
-) -> prometheus::Result<(Manager, ManagerHandle, Option<ProcessHandle>)> {
+) -> Result<(Manager, ManagerHandle, Option<ProcessHandle>), StartError> {
     let watch = WatchManager::new(
         registry,
         probes.clone(),
@@ -133,16 +145,52 @@ fn build_manager(
             watch: config.watch.clone(),
         },
         config.probe.detection_bound(),
-    )?;
+    )
+    .map_err(setup("manager metrics"))?;
     let handle = watch.handle();
     Ok(match &config.exec {
         None => (Manager::Watch(watch), handle, None),
         Some(spec) => {
-            let exec = ExecManager::new(registry, spec.clone(), handle.clone(), probes.clone())?;
+            // Each child starts as this very binary, which becomes the
+            // command once it has asked to die with tether.
+            let exec = ExecManager::new(
+                registry,
+                spec.clone(),
+                handle.clone(),
+                probes.clone(),
+                "/proc/self/exe".into(),
+            )
+            .map_err(setup("exec manager"))?;
             let process = exec.handle();
             (Manager::Exec(exec), handle, Some(process))
         }
     })
+}
+
+/// The admin server's listener on `addr`, and the address it got.
+async fn listen(addr: SocketAddr) -> Result<(admin::Listener, SocketAddr), StartError> {
+    let bind_error = |source| StartError::Bind { addr, source };
+    let listener = admin::bind(addr).await.map_err(bind_error)?;
+    let bound = listener.local_addr().map_err(bind_error)?;
+    Ok((listener, bound))
+}
+
+/// `supervisor`, building cycles only on the leader (`election`), or, with
+/// sharding, only while this replica holds a remote; the sharding's gate,
+/// open at first if it `holds_any`.
+fn gated(
+    supervisor: Supervisor<Manager>,
+    election: Option<&ElectionHandle>,
+    sharded: bool,
+    holds_any: bool,
+) -> (Supervisor<Manager>, tokio::sync::watch::Sender<bool>) {
+    let (shard_gate, open) = tokio::sync::watch::channel(holds_any);
+    let supervisor = match election {
+        Some(election) => supervisor.build_while(election.gate()),
+        None if sharded => supervisor.build_while(open),
+        None => supervisor,
+    };
+    (supervisor, shard_gate)
 }
 
 /// `tether_config_reloads_total`, both results exported from the start.
@@ -271,14 +319,7 @@ impl Daemon {
     pub async fn start(config: Config) -> Result<Self, StartError> {
         let remotes = remote::resolve(&config).await?;
         // Bind first: never run without health endpoints.
-        let bind_error = |source| StartError::Bind {
-            addr: config.admin_address,
-            source,
-        };
-        let listener = admin::bind(config.admin_address)
-            .await
-            .map_err(bind_error)?;
-        let admin_address = listener.local_addr().map_err(bind_error)?;
+        let (listener, admin_address) = listen(config.admin_address).await?;
 
         let (registry, reloads) = new_registry()?;
 
@@ -290,22 +331,25 @@ impl Daemon {
             shard.set_remotes(remote::keys(&remotes));
         }
         let running = held(&remotes, shard.as_ref());
+        let holds_any = !running.is_empty();
         let probe_set = ProbeSet::new(config.probe.clone(), &registry).map_err(setup("probes"))?;
         probe_set
             .sync(&remote::probed(&running))
             .map_err(setup("probes"))?;
         let probes = probe_set.handle();
         let (manager, manager_handle, process) =
-            build_manager(&config, running, &registry, &probes)
-                .map_err(setup("manager metrics"))?;
+            build_manager(&config, running, &registry, &probes)?;
         let election = start_election(&config, &registry).await?;
         let election_handle = election.as_ref().map(|e| e.handle());
-        let mut supervisor = Supervisor::new(manager, config.supervisor, &registry)
+        let supervisor = Supervisor::new(manager, config.supervisor, &registry)
             .map_err(setup("supervisor"))?
             .end_cycles_on(probes.signals());
-        if let Some(handle) = &election_handle {
-            supervisor = supervisor.build_while(handle.gate());
-        }
+        let (supervisor, shard_gate) = gated(
+            supervisor,
+            election_handle.as_ref(),
+            shard.is_some(),
+            holds_any,
+        );
         let supervisor_handle = supervisor.handle();
         let draining = Arc::new(AtomicBool::new(false));
         let admin = Admin::new(
@@ -344,7 +388,12 @@ impl Daemon {
         });
         let sharded = sharding.zip(shard).map(|(sharding, handle)| {
             let (stop, task) = spawn_until(|stop| sharding.run(stop));
-            (handle, stop, task)
+            Sharded {
+                handle,
+                stop,
+                task,
+                gate: shard_gate,
+            }
         });
         info!(
             admin = %admin_address,
@@ -394,7 +443,8 @@ impl Daemon {
     }
 
     async fn try_reload(&mut self, path: &Path) -> Result<(), ConfigError> {
-        let next = Config::load(path)?.with_command(self.config.command_line.clone())?;
+        let (next, restart) = Config::reload(path, &self.config)?;
+        let next = next.with_command(self.config.command_line.clone())?;
         if next.exec.is_some() != self.config.exec.is_some() {
             return Err(ConfigError {
                 file: next.label(),
@@ -403,7 +453,7 @@ impl Daemon {
             });
         }
         let remotes = remote::resolve(&next).await?;
-        let shard = self.sharded.as_ref().map(|(shard, _, _)| shard);
+        let shard = self.sharded.as_ref().map(|s| &s.handle);
         if let Some(shard) = shard {
             shard.set_remotes(remote::keys(&remotes));
         }
@@ -415,21 +465,11 @@ impl Daemon {
                 field: "remotes".to_owned(),
                 message: tether_supervisor::error_chain(&err),
             })?;
-        for (changed, what) in [
-            (next.admin_address != self.config.admin_address, "admin"),
-            (next.probe != self.config.probe, "probe"),
-            (next.supervisor != self.config.supervisor, "supervisor"),
-            (
-                next.leader_election != self.config.leader_election,
-                "leaderElection",
-            ),
-        ] {
-            if changed {
-                warn!(
-                    section = what,
-                    "this section changed, and takes effect only after a restart"
-                );
-            }
+        for section in restart {
+            warn!(
+                section,
+                "this section changed, and takes effect only after a restart; the running one stays"
+            );
         }
         self.manager.update(Plan {
             remotes: running,
@@ -455,7 +495,12 @@ impl Daemon {
     /// (`shard_changed`). Once that cycle's manager has returned, the
     /// sharding hears the remotes given up are let go.
     fn apply_holding(&mut self) {
-        let Some((shard, _, _)) = &self.sharded else {
+        let Some(Sharded {
+            handle: shard,
+            gate,
+            ..
+        }) = &self.sharded
+        else {
             return;
         };
         let running = held(&self.resolved, Some(shard));
@@ -482,6 +527,9 @@ impl Daemon {
             taken: now.difference(&before).count(),
             given_up: before.difference(&now).count(),
         });
+        // After the cause is recorded: a gate closing mid-cycle would end it
+        // as `leadership_lost`.
+        gate.send_replace(!now.is_empty());
         info!(
             holds = now.len(),
             taken = now.difference(&before).count(),
@@ -523,9 +571,12 @@ impl Daemon {
             }
         };
         // The manager has stopped: the remotes are let go, and the sharding
-        // deletes this replica's Lease so the others take them at once.
-        if let Some((shard, stop, task)) = self.sharded {
-            shard.applied(std::collections::BTreeSet::new());
+        // releases this replica's Lease so the others take them at once.
+        if let Some(Sharded {
+            handle, stop, task, ..
+        }) = self.sharded
+        {
+            handle.applied(std::collections::BTreeSet::new());
             stop.cancel();
             let _ = task.await;
         }
@@ -554,10 +605,7 @@ impl Daemon {
         // Without sharding, a receiver that never changes.
         let (_never, idle) = tokio::sync::watch::channel(std::collections::BTreeSet::new());
         // A change made before this loop began is seen at its first turn.
-        let mut holding = self
-            .sharded
-            .as_ref()
-            .map_or(idle, |(shard, _, _)| shard.holding());
+        let mut holding = self.sharded.as_ref().map_or(idle, |s| s.handle.holding());
         let mut seen = self
             .config
             .file

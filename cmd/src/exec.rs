@@ -9,12 +9,26 @@
 //! exit 0 as `manager_exited`, anything else as `manager_failed`; a spawn
 //! error is `build_failed`. The supervisor's backoff spaces the restarts.
 //!
-//! A process cannot be restarted in part, so the manager uses every remote,
-//! and the loss of any of them ends the cycle. The manager counts as up
-//! while its readiness check passes (or once it has started, without one)
-//! and every required remote is reachable.
+//! A process cannot be restarted in part, so the manager uses every remote
+//! of its plan, and the loss of any of them ends the cycle. The manager
+//! counts as up while its readiness check passes (or once it has started,
+//! without one) and every required remote is reachable.
+//!
+//! The process is told its remotes: `TETHER_REMOTES` (their names, in
+//! config order, comma-separated) and `TETHER_REMOTES_FILE` (a JSON file
+//! with each one's kubeconfig). With sharding, that is this replica's share,
+//! and a change of share ends the cycle, so the next process gets the new
+//! one.
+//!
+//! The process dies with tether: it starts as `tether __exec-child`, which
+//! asks the kernel for SIGKILL when its parent dies (`PR_SET_PDEATHSIG`)
+//! and then becomes the command. It is spawned from a thread that lives as
+//! long as the manager, since the kernel sends that signal when the
+//! *thread* that forked the child ends.
 
+use std::ffi::OsString;
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -29,10 +43,11 @@ use tokio::process::{Child, Command};
 use tokio::time::{Instant, sleep, timeout};
 use tracing::{info, warn};
 
-use crate::config::{ExecSpec, ReadinessSpec};
+use crate::config::{ExecSpec, ReadinessSpec, RemoteSource};
 use crate::lock;
 use crate::manager::ManagerHandle;
 use crate::reaper;
+use crate::remote::ResolvedRemote;
 
 /// How often a stopping group is checked for members left.
 const GROUP_POLL: Duration = Duration::from_millis(20);
@@ -128,6 +143,219 @@ pub struct ProcessState {
     pub spawn_error: Option<String>,
 }
 
+/// The hidden first argument with which tether starts as the exec
+/// manager's child: `tether __exec-child <tether's pid> -- COMMAND...`.
+pub const CHILD_SHIM: &str = "__exec-child";
+
+/// The exit code of a child shim that could not become its command, as a
+/// shell's for a command it cannot run.
+const CANNOT_RUN: u8 = 126;
+/// As [`CANNOT_RUN`], for a command that does not exist.
+const NOT_FOUND: u8 = 127;
+
+/// What `tether __exec-child` does, given the arguments after
+/// [`CHILD_SHIM`]: asks the kernel to SIGKILL this process when its parent
+/// dies, checks that the parent is still the tether that started it (it may
+/// have died before the request), and becomes the command. Returns only
+/// the exit code when that fails.
+#[must_use]
+pub fn become_child(args: &[OsString]) -> u8 {
+    use std::os::unix::process::CommandExt as _;
+
+    let (Some(parent), Some(separator), Some(program)) = (args.first(), args.get(1), args.get(2))
+    else {
+        eprintln!("tether {CHILD_SHIM}: expected <parent pid> -- COMMAND [ARGS...]");
+        return 2;
+    };
+    if separator != "--" {
+        eprintln!("tether {CHILD_SHIM}: expected -- before the command");
+        return 2;
+    }
+    let parent = parent.to_str().and_then(|p| p.parse::<i32>().ok());
+    if rustix::process::set_parent_process_death_signal(Some(Signal::KILL)).is_err() {
+        eprintln!("tether {CHILD_SHIM}: cannot ask to die with tether (PR_SET_PDEATHSIG)");
+        return CANNOT_RUN;
+    }
+    // The parent died before the request took effect: nothing would kill
+    // this process with it, so it must not start.
+    let ppid = rustix::process::getppid().map(|p| p.as_raw_nonzero().get());
+    if ppid != parent {
+        return CANNOT_RUN;
+    }
+    let err = std::process::Command::new(program).args(&args[3..]).exec();
+    eprintln!(
+        "tether: cannot start {}: {err}",
+        tether_supervisor::printable(&program.to_string_lossy(), 256)
+    );
+    if err.kind() == std::io::ErrorKind::NotFound {
+        NOT_FOUND
+    } else {
+        CANNOT_RUN
+    }
+}
+
+/// The program `command` runs, as `execvp` would find it: a path with a
+/// `/` as is (against `dir` when relative), else the first executable file
+/// of that name in `path`. The error is the one a spawn would give.
+fn find_program(
+    program: &str,
+    path: Option<&std::ffi::OsStr>,
+    dir: Option<&Path>,
+) -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    let executable = |candidate: &Path| -> std::io::Result<()> {
+        let meta = std::fs::metadata(candidate)?;
+        if meta.is_file() && meta.permissions().mode() & 0o111 != 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::from(std::io::ErrorKind::PermissionDenied))
+        }
+    };
+    if program.contains('/') {
+        let candidate = match dir {
+            Some(dir) => dir.join(program),
+            None => PathBuf::from(program),
+        };
+        return executable(&candidate).map(|()| candidate);
+    }
+    let mut denied = None;
+    for folder in std::env::split_paths(path.unwrap_or_default()) {
+        let candidate = folder.join(program);
+        match executable(&candidate) {
+            Ok(()) => return Ok(candidate),
+            Err(err) if err.kind() == std::io::ErrorKind::PermissionDenied => denied = Some(err),
+            Err(_) => {}
+        }
+    }
+    Err(denied.unwrap_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound)))
+}
+
+/// Starts commands from one thread that lives as long as the manager: the
+/// kernel sends a child's `PR_SET_PDEATHSIG` when the thread that forked it
+/// ends, and a tokio worker may end before the process does.
+#[derive(Debug)]
+struct Spawner {
+    jobs: std::sync::mpsc::Sender<SpawnJob>,
+}
+
+/// A command to start, and where the child goes.
+type SpawnJob = (
+    Command,
+    tokio::sync::oneshot::Sender<std::io::Result<Child>>,
+);
+
+impl Spawner {
+    fn start() -> std::io::Result<Self> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(std::io::Error::other)?;
+        let (jobs, queue) = std::sync::mpsc::channel::<SpawnJob>();
+        std::thread::Builder::new()
+            .name("tether-exec-spawn".to_owned())
+            .spawn(move || {
+                // The child's wait is tokio's: spawn in its context.
+                let _runtime = runtime.enter();
+                while let Ok((mut command, reply)) = queue.recv() {
+                    let _ = reply.send(command.spawn());
+                }
+            })?;
+        Ok(Self { jobs })
+    }
+
+    async fn spawn(&self, command: Command) -> std::io::Result<Child> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.jobs
+            .send((command, reply))
+            .map_err(|_| std::io::Error::other("the spawning thread ended"))?;
+        answer
+            .await
+            .map_err(|_| std::io::Error::other("the spawning thread ended"))?
+    }
+}
+
+/// The remotes a process is told of, as `TETHER_REMOTES_FILE` holds them.
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct RemotesFile<'a> {
+    /// The cycle the process runs in.
+    cycle: u64,
+    /// Its remotes, in config order.
+    remotes: Vec<RemoteEntry<'a>>,
+}
+
+/// One remote in `TETHER_REMOTES_FILE`.
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct RemoteEntry<'a> {
+    name: &'a str,
+    required: bool,
+    /// The kubeconfig that reaches it, absolute; absent for the in-cluster
+    /// config or the current context (no config file).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kubeconfig: Option<PathBuf>,
+    /// The context in it; absent for its current one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    context: Option<&'a str>,
+}
+
+/// Writes, into `dir`, the file that tells a process its remotes, and a
+/// kubeconfig for each remote configured by direct fields (naming the CA
+/// and token files by path: no secret is copied). Returns the file.
+fn write_remotes(dir: &Path, cycle: u64, remotes: &[ResolvedRemote]) -> std::io::Result<PathBuf> {
+    let absolute = |p: &Path| std::path::absolute(p);
+    let mut entries = Vec::with_capacity(remotes.len());
+    for remote in remotes {
+        let (kubeconfig, context) = match &remote.source {
+            RemoteSource::Kubeconfig { path, context } => {
+                (Some(absolute(path)?), context.as_deref())
+            }
+            RemoteSource::Direct {
+                server,
+                ca_file,
+                token_file,
+                insecure_skip_tls_verify,
+            } => {
+                let ca = ca_file.as_deref().map(absolute).transpose()?;
+                let token = token_file.as_deref().map(absolute).transpose()?;
+                let kubeconfig = crate::remote::direct_kubeconfig(
+                    &remote.name,
+                    &tether_probes::without_userinfo(
+                        &server.parse().map_err(std::io::Error::other)?,
+                    )
+                    .to_string(),
+                    ca.as_deref(),
+                    token.as_deref(),
+                    *insecure_skip_tls_verify,
+                );
+                let path = dir.join(format!("{}.kubeconfig", remote.name));
+                // JSON is YAML: client-go reads it as a kubeconfig.
+                replace_file(&path, &serde_json::to_vec_pretty(&kubeconfig)?)?;
+                (Some(path), None)
+            }
+            RemoteSource::Inferred => (None, None),
+        };
+        entries.push(RemoteEntry {
+            name: &remote.name,
+            required: remote.required,
+            kubeconfig,
+            context,
+        });
+    }
+    let file = dir.join("remotes.json");
+    let body = serde_json::to_vec_pretty(&RemotesFile {
+        cycle,
+        remotes: entries,
+    })?;
+    replace_file(&file, &body)?;
+    Ok(file)
+}
+
+/// Writes `body` to `path` whole: into a file beside it, then renamed over.
+fn replace_file(path: &Path, body: &[u8]) -> std::io::Result<()> {
+    let next = path.with_extension("next");
+    std::fs::write(&next, body)?;
+    std::fs::rename(&next, path)
+}
+
 #[derive(Debug)]
 struct Shared {
     spec: Mutex<Arc<ExecSpec>>,
@@ -139,6 +367,41 @@ struct Shared {
     exit: std::sync::OnceLock<(IntGauge, IntGauge)>,
     registry: Registry,
     starts: IntCounter,
+    /// Where each cycle's remotes file goes; removed with the manager.
+    dir: tempfile::TempDir,
+    /// The tether binary that starts as each child: `/proc/self/exe` in
+    /// the daemon.
+    launcher: PathBuf,
+    spawner: Spawner,
+}
+
+/// Why the exec manager cannot be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    /// Its metrics' names are taken.
+    #[error("registering the exec manager's metrics failed")]
+    Metrics(#[from] prometheus::Error),
+    /// The folder for its remotes file cannot be made.
+    #[error(
+        "cannot make a folder for the manager's remotes file in {}; set TMPDIR to a writable folder (the chart mounts an emptyDir at /tmp)",
+        std::env::temp_dir().display()
+    )]
+    Folder(#[source] std::io::Error),
+    /// The thread that starts its processes cannot be started.
+    #[error("cannot start the thread that starts the manager's processes")]
+    Spawner(#[source] std::io::Error),
+}
+
+/// Makes the folder for the exec manager's remotes file, under `TMPDIR`.
+///
+/// # Errors
+///
+/// As [`SetupError::Folder`].
+pub fn remotes_folder() -> Result<tempfile::TempDir, SetupError> {
+    tempfile::Builder::new()
+        .prefix("tether-exec-")
+        .tempdir()
+        .map_err(SetupError::Folder)
 }
 
 /// The exec manager.
@@ -155,19 +418,24 @@ pub struct ProcessHandle {
 }
 
 impl ExecManager {
-    /// A manager that runs `spec`, its metrics in `registry`. `manager`
-    /// names the required remotes, and `probes` says whether they are
-    /// reachable.
+    /// A manager that runs `spec`, its metrics in `registry`. `manager`'s
+    /// plan names the remotes (the required ones, and what the process is
+    /// told), and `probes` says whether they are reachable. Each process
+    /// starts as `launcher` (the tether binary: `/proc/self/exe` in the
+    /// daemon) in its [`CHILD_SHIM`] role, which becomes the command.
     ///
     /// # Errors
     ///
-    /// If the metric names are already registered.
+    /// If the metric names are already registered, the remotes file's
+    /// folder cannot be made, or the spawning thread cannot start (outside
+    /// a tokio runtime among them).
     pub fn new(
         registry: &Registry,
         spec: ExecSpec,
         manager: ManagerHandle,
         probes: ProbeSetHandle,
-    ) -> prometheus::Result<Self> {
+        launcher: PathBuf,
+    ) -> Result<Self, SetupError> {
         let starts = IntCounter::new(
             "tether_manager_process_starts_total",
             "Processes the exec manager started.",
@@ -182,6 +450,9 @@ impl ExecManager {
                 exit: std::sync::OnceLock::new(),
                 registry: registry.clone(),
                 starts,
+                dir: remotes_folder()?,
+                launcher,
+                spawner: Spawner::start().map_err(SetupError::Spawner)?,
             }),
         })
     }
@@ -425,15 +696,43 @@ impl ManagerFactory for ExecManager {
     async fn run(&self, cycle: CycleToken) -> Result<(), ManagerError> {
         let shared = &self.shared;
         let spec = Arc::clone(&lock(&shared.spec));
+        let plan = shared.manager.plan();
         let (program, args) = spec
             .command
             .split_first()
             .expect("validation requires a command");
-        let mut command = Command::new(program);
+        let fail = |source: std::io::Error| {
+            let err = SpawnError {
+                program: program.clone(),
+                source,
+            };
+            lock(&shared.state).spawn_error = Some(tether_supervisor::error_chain(&err));
+            ManagerError::build(err)
+        };
+        // Found here, so that a missing program is this cycle's build
+        // failure, named, rather than the shim's exit code.
+        let path = spec
+            .env
+            .iter()
+            .rev()
+            .find(|(k, _)| k == "PATH")
+            .map(|(_, v)| OsString::from(v))
+            .or_else(|| std::env::var_os("PATH"));
+        find_program(program, path.as_deref(), spec.working_dir.as_deref()).map_err(fail)?;
+        let remotes_file =
+            write_remotes(shared.dir.path(), cycle.number(), &plan.remotes).map_err(fail)?;
+        let names: Vec<&str> = plan.remotes.iter().map(|r| r.name.as_str()).collect();
+        let mut command = Command::new(&shared.launcher);
         command
+            .arg(CHILD_SHIM)
+            .arg(rustix::process::getpid().as_raw_nonzero().get().to_string())
+            .arg("--")
+            .arg(program)
             .args(args)
             .envs(spec.env.iter().map(|(k, v)| (k, v)))
             .env("TETHER_CYCLE", cycle.number().to_string())
+            .env("TETHER_REMOTES", names.join(","))
+            .env("TETHER_REMOTES_FILE", &remotes_file)
             .stdin(Stdio::null())
             .stdout(Stdio::inherit())
             .stderr(Stdio::inherit())
@@ -441,21 +740,14 @@ impl ManagerFactory for ExecManager {
         if let Some(dir) = &spec.working_dir {
             command.current_dir(dir);
         }
-        let mut child = match command.spawn() {
-            Ok(child) => child,
-            Err(source) => {
-                let err = SpawnError {
-                    program: program.clone(),
-                    source,
-                };
-                lock(&shared.state).spawn_error = Some(tether_supervisor::error_chain(&err));
-                return Err(ManagerError::build(err));
-            }
-        };
+        let mut child = shared.spawner.spawn(command).await.map_err(fail)?;
         let pid = child
             .id()
             .expect("a child that was not waited for has its id");
         let group = Group(pid_of(pid).expect("a child's pid is positive"));
+        // tether waits for this child itself: the PID 1 reaper leaves it,
+        // and its group's stray members are not escapees.
+        let _own = reaper::own(pid);
         shared.starts.inc();
         {
             let mut state = lock(&shared.state);

@@ -85,14 +85,17 @@ struct ConfigArgs {
     config: Option<PathBuf>,
 }
 
-/// The default log filter: tether at info, kube's client builder silenced
-/// (its trace layer logs every transport failure at ERROR, which the probes
-/// already report once, classified).
-const DEFAULT_FILTER: &str = "info,kube_client::client::builder=off";
+/// The default log filter: tether at info, and two of kube's logs silenced,
+/// since tether reports what they say once, classified, escaped and cut:
+/// - its client builder's trace layer logs every transport failure at
+///   ERROR;
+/// - its watcher logs each failed list or watch at WARN with the remote's
+///   whole answer, a `Status` message of megabytes among them.
+const DEFAULT_FILTER: &str = "info,kube_client::client::builder=off,kube_runtime::watcher=off";
 
 /// The demo narrates on stdout; its logs keep to errors unless `RUST_LOG`
 /// says otherwise.
-const DEMO_FILTER: &str = "error,kube_client::client::builder=off";
+const DEMO_FILTER: &str = "error,kube_client::client::builder=off,kube_runtime::watcher=off";
 
 fn init_logs(format: LogFormat, default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -107,6 +110,12 @@ fn init_logs(format: LogFormat, default: &str) {
 }
 
 fn main() -> ExitCode {
+    // As the exec manager's child, tether only asks to die with its parent
+    // and becomes the command: no logs, no runtime.
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|a| a == tether::exec::CHILD_SHIM) {
+        return ExitCode::from(tether::exec::become_child(&args[2..]));
+    }
     let cli = Cli::parse();
     let default_filter = if matches!(cli.command, Command::Demo(_)) {
         DEMO_FILTER

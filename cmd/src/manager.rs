@@ -269,6 +269,12 @@ impl WatchManager {
 }
 
 impl ManagerHandle {
+    /// The plan the next cycle runs: the remotes, and what is cached.
+    #[must_use]
+    pub fn plan(&self) -> Arc<Plan> {
+        Arc::clone(&lock(&self.shared.plan))
+    }
+
     /// Replaces the plan; the next cycle runs it. The caches and series of
     /// remotes and resources it no longer has go at once.
     pub fn update(&self, plan: Plan) {

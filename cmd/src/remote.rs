@@ -20,6 +20,9 @@ pub struct ResolvedRemote {
     pub name: String,
     /// Whether its caches gate readiness, and its loss ends the cycle.
     pub required: bool,
+    /// Where its settings came from, as configured: what an exec manager's
+    /// process is told, so that it reaches the remote the same way.
+    pub source: RemoteSource,
     /// Its connection settings (credentials included; never logged),
     /// shared by the probes and the manager.
     pub config: Arc<kube::Config>,
@@ -48,7 +51,7 @@ fn root(error: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// A kubeconfig with one cluster, user and context, from direct fields.
-fn direct_kubeconfig(
+pub(crate) fn direct_kubeconfig(
     name: &str,
     server: &str,
     ca_file: Option<&std::path::Path>,
@@ -141,13 +144,43 @@ async fn from_kubeconfig(path: &Path, context: Option<&str>) -> Result<kube::Con
         })
 }
 
+/// A bearer token must fit in an HTTP header: kube panics building a
+/// client with one that does not (a control character, a line break
+/// inside). The token a file holds is read as kube reads it, without its
+/// surrounding whitespace.
+fn check_token(config: &kube::Config) -> Result<(), String> {
+    use secrecy::ExposeSecret as _;
+
+    let fits = |token: &str| http::HeaderValue::from_str(&format!("Bearer {token}")).is_ok();
+    let auth = &config.auth_info;
+    if let Some(token) = &auth.token
+        && !fits(token.expose_secret())
+    {
+        return Err("its user's token holds a character an HTTP header cannot carry (a control character or a line break)".to_owned());
+    }
+    if let Some(path) = &auth.token_file {
+        let token = std::fs::read_to_string(path)
+            .map_err(|err| format!("cannot read its token file {path}: {err}"))?;
+        if !fits(token.trim()) {
+            return Err(format!(
+                "its token file {path} holds a character an HTTP header cannot carry (a control character, or a line break inside the token)"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// What must hold of a loaded configuration before tether uses it, and the
 /// changes it makes to it.
 fn finish(mut kube_config: kube::Config, spec: &RemoteSpec) -> Result<kube::Config, FieldError> {
     let direct = matches!(spec.source, RemoteSource::Direct { .. });
     // Userinfo authenticates nothing for kube; keep it out of every client
-    // and so out of every log line.
+    // and so out of every log line. A proxy's too: kube's messages about a
+    // proxy quote its URL whole.
     kube_config.cluster_url = without_userinfo(&kube_config.cluster_url);
+    kube_config.proxy_url = kube_config.proxy_url.as_ref().map(without_userinfo);
+    check_token(&kube_config)
+        .map_err(|message| (if direct { ".tokenFile" } else { ".kubeconfig" }, message))?;
     // A CA file with no certificate in it would fail every TLS handshake.
     if kube_config.root_cert.as_ref().is_some_and(Vec::is_empty) {
         return Err((
@@ -299,6 +332,7 @@ pub async fn resolve(config: &Config) -> Result<Vec<ResolvedRemote>, ConfigError
         remotes.push(ResolvedRemote {
             name: spec.name.clone(),
             required: spec.required,
+            source: spec.source.clone(),
             config: Arc::new(kube_config(config, index, spec).await?),
         });
     }

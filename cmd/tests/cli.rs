@@ -435,3 +435,47 @@ mod check {
         );
     }
 }
+
+#[test]
+fn a_token_in_a_server_urls_query_is_never_printed() {
+    let setup = Setup::new();
+    let file = setup.config(
+        "remotes: [{name: a, server: \"https://h:6443/?access_token=S3cr3tQuery\", tokenFile: token}]\n",
+    );
+    let out = tether(&["validate", "--config", &file]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.contains("server https://h:6443/"), "{stdout}");
+    assert!(
+        !stdout.contains("S3cr3tQuery") && !stderr.contains("S3cr3tQuery"),
+        "{stdout}{stderr}"
+    );
+}
+
+#[test]
+fn a_token_an_http_header_cannot_carry_is_refused_naming_the_field() {
+    let setup = Setup::new();
+    // In a kubeconfig: kube would panic building every client with it.
+    let file = kubeconfig_with(&setup, "", "token: \"ab\\u0001c\"");
+    for command in ["validate", "check"] {
+        let out = tether(&[command, "--config", &file]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{command}: {stderr}");
+        assert!(
+            stderr.contains("remotes[0].kubeconfig: its user's token holds a character an HTTP header cannot carry"),
+            "{command}: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+    // In a token file.
+    std::fs::write(setup.path().join("bad-token"), "ab\u{1}c\n").expect("write");
+    let file =
+        setup.config("remotes: [{name: a, server: \"https://h:6443\", tokenFile: bad-token}]\n");
+    let out = tether(&["validate", "--config", &file]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("remotes[0].tokenFile: its token file"),
+        "{stderr}"
+    );
+}

@@ -9,7 +9,7 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
-use common::{DEADLINE, Shape, Tether, free_port, remote};
+use common::{DEADLINE, Shape, Tether, exec_kubeconfig, free_port, remote};
 use serde_json::Value;
 use tether_testkit::{ApiServer, Fault};
 
@@ -491,6 +491,34 @@ async fn as_pid_1_tether_reaps_an_orphaned_grandchild() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn as_pid_1_tether_leaves_a_credential_plugins_exit_to_its_caller() {
+    assert!(
+        rustix::process::getuid().is_root(),
+        "this test needs root, for a PID namespace (CI runs as root)"
+    );
+    let server = remote("a", false).await;
+    // The plugin answers at once, but a process it leaves behind holds its
+    // output open for 3 s: the plugin is a zombie for that long, and its
+    // exit status is its caller's to take, not the PID 1 reaper's.
+    let credential = "{\\\"apiVersion\\\":\\\"client.authentication.k8s.io/v1\\\",\\\"kind\\\":\\\"ExecCredential\\\",\\\"status\\\":{\\\"token\\\":\\\"t\\\"}}";
+    let plugin = exec_kubeconfig(&server, &format!("printf '%s' '{credential}'; sleep 3 &"));
+    let tether = Tether::start(
+        &[("a", &server)],
+        &[],
+        &Shape {
+            kubeconfigs: &[("a", &plugin)],
+            wrap: &["unshare", "--pid", "--fork", "--kill-child", "--mount-proc"],
+            ..Shape::default()
+        },
+    );
+    // Ready: the probe's client and the watch's were built, each waiting
+    // for the plugin's exit.
+    tether.until_ready(true).await;
+    let logs = tether.logs();
+    assert!(!logs.contains("No child processes"), "{logs}");
 }
 
 /// The children of `parent`, from `/proc`.

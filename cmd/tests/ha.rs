@@ -8,81 +8,18 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::relay::{Path, Relay};
+use common::witness::{Witness, overlap};
 use common::{DEADLINE, Shape, Tether, remote};
 use k8s_openapi::api::coordination::v1::Lease;
 use tether_testkit::ApiServer;
-use tokio::net::{TcpListener, TcpStream};
-use tokio_util::sync::CancellationToken;
 
 const LEASE_DURATION: Duration = Duration::from_secs(3);
 const RENEW_DEADLINE: Duration = Duration::from_secs(2);
 const RETRY_PERIOD: Duration = Duration::from_millis(500);
 const TRIALS: usize = 20;
-
-/// What a relay does with the connections it carries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Path {
-    Up,
-    /// Connections are closed at once, and open ones cut.
-    Refuse,
-    /// Connections are held and carry nothing, open ones included.
-    Hang,
-}
-
-/// A TCP relay from its own port to the Lease's apiserver.
-struct Relay {
-    addr: std::net::SocketAddr,
-    /// The path, and the generation token every connection watches: it is
-    /// cancelled, and replaced, whenever the path changes.
-    state: Arc<Mutex<(Path, CancellationToken)>>,
-}
-
-impl Relay {
-    async fn start(to: std::net::SocketAddr) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let state = Arc::new(Mutex::new((Path::Up, CancellationToken::new())));
-        let shared = Arc::clone(&state);
-        tokio::spawn(async move {
-            while let Ok((inbound, _)) = listener.accept().await {
-                let shared = Arc::clone(&shared);
-                tokio::spawn(async move {
-                    let (path, generation) = shared.lock().expect("not poisoned").clone();
-                    let mut held = vec![inbound];
-                    if path == Path::Up
-                        && let Ok(outbound) = TcpStream::connect(to).await
-                    {
-                        let mut inbound = held.pop().expect("one");
-                        let mut outbound = outbound;
-                        tokio::select! {
-                            _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => return,
-                            () = generation.cancelled() => held = vec![inbound, outbound],
-                        }
-                    }
-                    // Refused: dropped at once. Hung: held open, carrying
-                    // nothing, until the path changes again.
-                    let (path, generation) = shared.lock().expect("not poisoned").clone();
-                    if path == Path::Hang {
-                        generation.cancelled().await;
-                    }
-                    drop(held);
-                });
-            }
-        });
-        Self { addr, state }
-    }
-
-    /// Switches to `path`: connections open now end (refuse) or freeze
-    /// (hang), and new ones follow the new path.
-    fn set(&self, path: Path) {
-        let mut state = self.state.lock().expect("not poisoned");
-        let old = std::mem::replace(&mut *state, (path, CancellationToken::new()));
-        old.1.cancel();
-    }
-}
 
 /// One replica: a tether process and its relay.
 struct Replica {
@@ -314,68 +251,11 @@ async fn after_sigterm_a_new_leader_is_up_within_the_retry_period() {
     );
 }
 
-/// One run of a manager, from the witness log.
-#[derive(Debug)]
-struct Run {
-    id: String,
-    start: u128,
-    stop: Option<u128>,
-}
-
-fn runs(log: &str) -> Vec<Run> {
-    let mut runs: Vec<Run> = Vec::new();
-    for line in log.lines() {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        let [what, at, id] = fields[..] else { continue };
-        let Ok(at) = at.parse::<u128>() else { continue };
-        match what {
-            "start" => runs.push(Run {
-                id: id.to_owned(),
-                start: at,
-                stop: None,
-            }),
-            "stop" => {
-                if let Some(run) = runs
-                    .iter_mut()
-                    .rev()
-                    .find(|r| r.id == id && r.stop.is_none())
-                {
-                    run.stop = Some(at);
-                }
-            }
-            _ => {}
-        }
-    }
-    runs
-}
-
-/// The total time two managers of different replicas ran at once.
-fn overlap(runs: &[Run]) -> Duration {
-    let mut total = 0u128;
-    for (i, a) in runs.iter().enumerate() {
-        for b in &runs[i + 1..] {
-            if a.id == b.id {
-                continue;
-            }
-            let end = a.stop.unwrap_or(u128::MAX).min(b.stop.unwrap_or(u128::MAX));
-            let start = a.start.max(b.start);
-            total += end.saturating_sub(start);
-        }
-    }
-    Duration::from_nanos(u64::try_from(total).unwrap_or(u64::MAX))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partitioned_leader_stops_its_manager_before_another_starts() {
     let server = remote("lease", true).await;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let witness = dir.path().join("witness");
-    let manager = |id: &str| {
-        format!(
-            "{{exec: {{command: [sh, -c, \"echo start $(date +%s%N) {id} >> {w}; trap 'echo stop $(date +%s%N) {id} >> {w}; exit 0' TERM; while :; do sleep 0.05; done\"], gracePeriod: 500ms}}}}",
-            w = witness.display()
-        )
-    };
+    let witness = Witness::new();
+    let manager = |id: &str| witness.manager(id, "500ms", false);
     let replicas = vec![
         replica("r0", &server, Some(&manager("r0"))).await,
         replica("r1", &server, Some(&manager("r1"))).await,
@@ -418,8 +298,16 @@ async fn a_partitioned_leader_stops_its_manager_before_another_starts() {
         replicas[leader].relay.set(Path::Up);
         assert_ne!(new, leader);
     }
-    let log = std::fs::read_to_string(&witness).expect("the witness log");
-    let runs = runs(&log);
+    // The last leader's child may not have written its start yet.
+    let started = Instant::now();
+    let runs = loop {
+        let runs = witness.runs();
+        if runs.len() > TRIALS || started.elapsed() > DEADLINE {
+            break runs;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let log = std::fs::read_to_string(&witness.log).expect("the witness log");
     let overlap = overlap(&runs);
     let (median, max) = stats(took);
     println!(

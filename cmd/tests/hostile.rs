@@ -449,3 +449,294 @@ async fn the_soft_descriptor_limit_is_raised_to_the_hard_limit() {
         tether.logs()
     );
 }
+
+/// A kubeconfig for `server` whose exec plugin prints an `ExecCredential`
+/// with `token` (JSON-escaped already).
+fn plugin_token_kubeconfig(server: &tether_testkit::ApiServer, token: &str) -> String {
+    let credential = format!(
+        "{{\\\"apiVersion\\\":\\\"client.authentication.k8s.io/v1\\\",\\\"kind\\\":\\\"ExecCredential\\\",\\\"status\\\":{{\\\"token\\\":\\\"{token}\\\"}}}}"
+    );
+    exec_kubeconfig(server, &format!("printf '%s' '{credential}'"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_token_an_http_header_cannot_carry_is_a_local_error_never_a_panic() {
+    let (a, p) = (remote("a", false).await, remote("p", false).await);
+    // \u0001 in the JSON: a control character in the token.
+    let bad = plugin_token_kubeconfig(&p, "ab\\\\u0001c");
+    let tether = Tether::start(
+        &[("a", &a), ("p", &p)],
+        &[],
+        &Shape {
+            kubeconfigs: &[("p", &bad)],
+            optional: &["p"],
+            ..Shape::default()
+        },
+    );
+    let error = until_local_error(&tether, "p", |e| e.contains("not valid header")).await;
+    assert!(error.contains("inside kube"), "{error}");
+    // A few more tries: every one fails the same way, and none prints a
+    // panic or a backtrace.
+    probes(&a, 3).await;
+    let logs = tether.logs();
+    assert!(!logs.contains("panicked"), "{logs}");
+    assert!(!logs.contains("stack backtrace"), "{logs}");
+    tether.until_ready(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_status_message_can_neither_forge_nor_flood_the_log() {
+    use tether_testkit::{FORGED_LINE, HostileServer, Hostility};
+
+    let healthy = remote("healthy", false).await;
+    let hostile = HostileServer::start(Hostility::ForgedStatus)
+        .await
+        .expect("server");
+    let kubeconfig = hostile.kubeconfig().to_yaml();
+    let tether = Tether::start(
+        &[("healthy", &healthy), ("forger", &healthy)],
+        &[],
+        &Shape {
+            kubeconfigs: &[("forger", &kubeconfig)],
+            optional: &["forger"],
+            ..Shape::default()
+        },
+    );
+    let started = Instant::now();
+    while !tether.logs().contains("watch failing") {
+        assert!(started.elapsed() < DEADLINE, "{}", tether.logs());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Let the watch fail a few more times.
+    probes(&healthy, 3).await;
+    let logs = tether.logs();
+    let forged = logs.lines().filter(|l| l.starts_with(FORGED_LINE)).count();
+    let longest = logs.lines().map(str::len).max().unwrap_or(0);
+    println!(
+        "a remote's 4 MiB Status message with a forged line: {forged} forged lines, longest log line {longest} bytes, {} bytes of log",
+        logs.len()
+    );
+    assert_eq!(forged, 0, "the remote forged a log line:\n{logs}");
+    assert!(!logs.contains('\u{1b}'), "a terminal escape went through");
+    assert!(
+        logs.contains("denied\\n2026-01-01"),
+        "the message is shown, escaped"
+    );
+    assert!(
+        longest < 8 * 1024,
+        "a log line of {longest} bytes: {}",
+        logs.lines()
+            .find(|l| l.len() == longest)
+            .map_or("", |l| &l[..600])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remotes_at_one_url_with_other_credentials_are_probed_apart() {
+    let server = remote("one", false).await;
+    // One apiserver, two users: "plain" needs no credential, "plugged"
+    // runs a plugin that never answers. Neither decides for the other.
+    let hung = exec_kubeconfig(&server, "sleep 600");
+    let tether = Tether::start(
+        &[("plain", &server), ("plugged", &server)],
+        &[],
+        &Shape {
+            kubeconfigs: &[("plugged", &hung)],
+            optional: &["plugged"],
+            ..Shape::default()
+        },
+    );
+    let error = until_local_error(&tether, "plugged", |e| e.contains("has not finished")).await;
+    assert!(error.contains("exec credential plugin"), "{error}");
+    let plain = remote_status(&tether, "plain").await.expect("listed");
+    assert_eq!(plain["state"], "reachable", "{plain}");
+    assert!(plain["localError"].is_null(), "{plain}");
+    tether.until_ready(true).await;
+    // validate lists them as two identities.
+    let out = std::process::Command::new(common::binary())
+        .args(["validate", "--config"])
+        .arg(&tether.config)
+        .output()
+        .expect("tether validate runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let url = server.url();
+    let lines = stdout
+        .lines()
+        .filter(|l| l.trim_start().starts_with(&url))
+        .count();
+    assert_eq!(lines, 2, "{stdout}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endless_lease_answer_costs_a_try_not_memory() {
+    use tether_testkit::{HostileServer, Hostility};
+
+    let a = remote("a", false).await;
+    // A Lease apiserver whose every answer is endless.
+    let endless = HostileServer::start(Hostility::EndlessList)
+        .await
+        .expect("server");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let endless_kubeconfig = dir.path().join("endless.kubeconfig");
+    endless
+        .kubeconfig()
+        .write(&endless_kubeconfig)
+        .expect("kubeconfig");
+    let extra = format!(
+        "leaderElection: {{enabled: true, leaseNamespace: default, leaseDuration: 2s, renewDeadline: 1s, retryPeriod: 300ms, kubeconfig: {}}}",
+        endless_kubeconfig.display()
+    );
+    let tether = Tether::start(
+        &[("a", &a)],
+        &[],
+        &Shape {
+            extra: &extra,
+            ..Shape::default()
+        },
+    );
+    let pid = tether.child.id().expect("running");
+    let started = Instant::now();
+    let error = loop {
+        if let Some((_, body)) = tether.get("/status.json").await {
+            let status: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+            if let Some(e) = status["election"]["lastError"].as_str() {
+                break e.to_owned();
+            }
+        }
+        assert!(started.elapsed() < DEADLINE, "{}", tether.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(error.contains("passed 1 MiB"), "{error}");
+    // Several tries later, memory has not grown with the bodies.
+    probes(&a, 3).await;
+    let peak = tether_testkit::procfs::status_kib(Some(pid), "VmHWM").unwrap_or(0);
+    println!("an endless Lease body: tether's peak RSS {peak} KiB");
+    assert!(peak < 100 * 1024, "peak RSS {peak} KiB");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enormous_or_escaping_lease_holder_is_cut_and_never_shown_raw() {
+    use tether_testkit::Resource;
+
+    // A Lease whose holder is 2 MiB, and one whose holder would drive a
+    // terminal: the first is cut at the bound, the second escaped in
+    // /status.json, /readyz and `tether check`.
+    let a = remote("a", false).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let leases = remote("leases", true).await;
+    let kubeconfig = dir.path().join("leases.kubeconfig");
+    leases.kubeconfig().write(&kubeconfig).expect("kubeconfig");
+    let put = |name: &str, holder: String| {
+        leases
+            .put(
+                Resource::Lease,
+                "default",
+                serde_json::json!({
+                    "metadata": {"name": name},
+                    "spec": {"holderIdentity": holder, "leaseDurationSeconds": 600,
+                             "renewTime": "2026-12-01T00:00:00.000000Z"},
+                }),
+            )
+            .expect("put");
+    };
+    put("huge", "h".repeat(2 << 20));
+    put(
+        "evil",
+        format!("\u{1b}]0;owned\u{7}\u{1b}[31mred\nline{}", "y".repeat(300)),
+    );
+    for (lease, check) in [("huge", "passed 1 MiB"), ("evil", "\\u{1b}")] {
+        let extra = format!(
+            "leaderElection: {{enabled: true, leaseName: {lease}, leaseNamespace: default, leaseDuration: 2s, renewDeadline: 1s, retryPeriod: 300ms, kubeconfig: {}}}",
+            kubeconfig.display()
+        );
+        let tether = Tether::start(
+            &[("a", &a)],
+            &[],
+            &Shape {
+                extra: &extra,
+                ..Shape::default()
+            },
+        );
+        let started = Instant::now();
+        let body = loop {
+            if let Some((_, body)) = tether.get("/status.json").await
+                && body.contains(check)
+            {
+                break body;
+            }
+            assert!(started.elapsed() < DEADLINE, "{}", tether.logs());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert!(
+            body.len() < 64 * 1024,
+            "/status.json is {} bytes",
+            body.len()
+        );
+        assert!(!body.contains('\u{1b}'), "{body}");
+        let (_, readyz) = tether.get("/readyz").await.expect("answers");
+        assert!(
+            readyz.len() < 2048 && !readyz.contains('\u{1b}'),
+            "{readyz}"
+        );
+        let out = std::process::Command::new(common::binary())
+            .args(["check", "--config"])
+            .arg(&tether.config)
+            .output()
+            .expect("tether check runs");
+        let shown = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            !shown.contains('\u{1b}'),
+            "check printed an escape: {shown:?}"
+        );
+        assert!(
+            shown.len() < 8 * 1024,
+            "check printed {} bytes",
+            shown.len()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_password_never_reaches_the_log_the_status_or_check() {
+    let a = remote("a", false).await;
+    let proxied = format!(
+        "apiVersion: v1\nkind: Config\ncurrent-context: x\n\
+         clusters: [{{name: x, cluster: {{server: \"{}\", proxy-url: \"http://puser:Pr0xyPa55@127.0.0.1:9\"}}}}]\n\
+         users: [{{name: x, user: {{}}}}]\n\
+         contexts: [{{name: x, context: {{cluster: x, user: x}}}}]\n",
+        a.url()
+    );
+    let tether = Tether::start(
+        &[("a", &a), ("proxied", &a)],
+        &[],
+        &Shape {
+            kubeconfigs: &[("proxied", &proxied)],
+            optional: &["proxied"],
+            ..Shape::default()
+        },
+    );
+    until_local_error(&tether, "proxied", |_| true).await;
+    probes(&a, 2).await;
+    let (_, status) = tether.get("/status").await.expect("answers");
+    let (_, json) = tether.get("/status.json").await.expect("answers");
+    let out = std::process::Command::new(common::binary())
+        .args(["check", "--config"])
+        .arg(&tether.config)
+        .output()
+        .expect("tether check runs");
+    for (what, text) in [
+        ("the log", tether.logs()),
+        ("/status", status),
+        ("/status.json", json),
+        ("check", String::from_utf8_lossy(&out.stdout).into_owned()),
+        (
+            "check's errors",
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        ),
+    ] {
+        assert!(
+            !text.contains("Pr0xyPa55"),
+            "{what} shows the proxy's password:\n{text}"
+        );
+    }
+}

@@ -379,7 +379,7 @@ impl<F: ManagerFactory> Looper<F> {
             return true;
         }
         self.state.standby();
-        info!("standing by: this replica does not lead");
+        info!("standing by: the gate is closed (this replica does not lead, or holds no remote)");
         self.beat_while(async {
             loop {
                 tokio::select! {

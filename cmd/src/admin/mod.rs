@@ -161,6 +161,23 @@ impl Admin {
                 format!("[+]not draining\n[+]standby (leader: {holder})\nreadyz check passed\n"),
             );
         }
+        // A shard member with no remote runs no manager: it stands by,
+        // healthy and ready to take a share.
+        let idle = self
+            .sources
+            .shard
+            .as_ref()
+            .map(|shard| (shard.state(), shard.configured()))
+            .filter(|(state, _)| state.owned.is_empty());
+        if let Some((_, configured)) = idle.filter(|_| !draining) {
+            self.ready.set(1);
+            return (
+                200,
+                format!(
+                    "[+]not draining\n[+]standby (holds none of the {configured} remotes)\nreadyz check passed\n"
+                ),
+            );
+        }
         let ready = !draining && status.manager_up;
         let mark = |ok: bool| if ok { '+' } else { '-' };
         let verdict = if ready {

@@ -687,6 +687,12 @@ fn election_facts(fact: &mut impl FnMut(&str, String), e: &ElectionView) {
         },
     );
     fact("lease", escape(&e.lease));
+    if e.twin {
+        fact(
+            "identity clash",
+            "<span class=\"now\">another process writes the Lease under this replica's identity</span>".to_owned(),
+        );
+    }
     if let Some(err) = &e.last_error {
         fact(
             "lease error",
@@ -716,6 +722,21 @@ fn shard_facts(fact: &mut impl FnMut(&str, String), shard: &ShardView) {
             }
         ),
     );
+    if let Some(left) = shard.joining_seconds {
+        fact(
+            "joining",
+            format!(
+                "takes its share in {}",
+                human::span(std::time::Duration::from_secs_f64(left))
+            ),
+        );
+    }
+    if shard.twin {
+        fact(
+            "identity clash",
+            "<span class=\"now\">another process writes this replica's shard Lease under its identity</span>".to_owned(),
+        );
+    }
     if let Some(err) = &shard.last_error {
         fact(
             "shard error",

@@ -59,6 +59,11 @@ pub struct ShardView {
     pub waiting: Vec<String>,
     /// Every configured remote.
     pub configured: usize,
+    /// While it joins, the seconds until it takes its share.
+    pub joining_seconds: Option<f64>,
+    /// Whether its own Lease names its identity, written by another
+    /// process: two processes share one identity.
+    pub twin: bool,
     /// Why the last round failed, if it did.
     pub last_error: Option<String>,
 }
@@ -196,6 +201,12 @@ pub struct ElectionView {
     pub holder: String,
     /// `namespace/name`.
     pub lease: String,
+    /// Whether the Lease names this replica's identity, written by another
+    /// process: two processes share one identity.
+    pub twin: bool,
+    /// While it holds a Lease it created but does not lead yet: the seconds
+    /// until it does.
+    pub leads_in_seconds: Option<f64>,
     /// Why the last try failed, if it did.
     pub last_error: Option<String>,
 }
@@ -438,6 +449,8 @@ pub(super) fn build(sources: &Sources) -> StatusView {
             identity: state.identity,
             holder: state.holder,
             lease: state.lease,
+            twin: state.twin,
+            leads_in_seconds: state.leads_in.map(|d| d.as_secs_f64()),
             last_error: state.last_error,
         }
     });
@@ -470,6 +483,8 @@ pub(super) fn build(sources: &Sources) -> StatusView {
             owned: state.owned.into_iter().collect(),
             waiting: state.waiting.into_iter().collect(),
             configured: shard.configured(),
+            joining_seconds: state.joining.map(|d| d.as_secs_f64()),
+            twin: state.twin,
             last_error: state.last_error,
         }
     });
@@ -619,15 +634,9 @@ fn verdict(view: &StatusView, status: &Status) -> Verdict {
             ),
         )
     } else if let Some(e) = view.election.as_ref().filter(|e| e.role == "standby") {
-        let leader = if e.holder.is_empty() {
-            "none yet"
-        } else {
-            e.holder.as_str()
-        };
-        (
-            VerdictState::Standby,
-            format!("(leader: {leader}); this replica takes over if the leader's Lease lapses"),
-        )
+        (VerdictState::Standby, standby(e))
+    } else if let Some(s) = view.shard.as_ref().filter(|s| s.owned.is_empty()) {
+        (VerdictState::Standby, shard_standby(s))
     } else if status.manager_up {
         let up_for = status.up_since.map_or_else(String::new, |t| {
             format!(" for {}", human::span(t.elapsed()))
@@ -653,6 +662,59 @@ fn verdict(view: &StatusView, status: &Status) -> Verdict {
     Verdict {
         text: format!("{}{joint}{text}", state.headline()),
         state,
+    }
+}
+
+/// Why a follower stands by, after `Standby`.
+fn standby(e: &ElectionView) -> String {
+    let error = e
+        .last_error
+        .as_deref()
+        .map_or_else(String::new, |err| format!(": {err}"));
+    if e.twin {
+        format!(
+            "(leader: another process under this replica's own identity, {}); two processes share one identity: give each replica its own leaderElection.identity, or leave it unset",
+            e.identity
+        )
+    } else if let Some(left) = e.leads_in_seconds {
+        format!(
+            "(this replica created the Lease and leads in {}, once any leader it could not see has stopped)",
+            human::span(std::time::Duration::from_secs_f64(left))
+        )
+    } else if e.holder == e.identity {
+        format!(
+            "(the Lease still names this replica, which cannot renew it{error}); another replica takes over when the claim lapses"
+        )
+    } else if e.holder.is_empty() {
+        "(leader: none yet); a replica takes the Lease once no claim on it is current".to_owned()
+    } else {
+        format!(
+            "(leader: {}); this replica takes over if the leader's Lease lapses",
+            e.holder
+        )
+    }
+}
+
+/// Why a shard member with no remote stands by, after `Standby`.
+fn shard_standby(s: &ShardView) -> String {
+    let of = human::count(s.configured as u64, "remote", "remotes");
+    if s.twin {
+        format!(
+            "(holds none of {of}): another process holds this replica's shard Lease under the same identity, {}; give each replica its own leaderElection.identity, or leave it unset",
+            s.identity
+        )
+    } else if let Some(left) = s.joining_seconds {
+        format!(
+            "(joining: holds none of {of}); it takes its share in {}, once it has watched the group for leaseDuration",
+            human::span(std::time::Duration::from_secs_f64(left))
+        )
+    } else if !s.waiting.is_empty() {
+        format!(
+            "(holds none of {of} yet); {} wait for another member to give them up",
+            human::number(s.waiting.len() as u64)
+        )
+    } else {
+        format!("(holds none of {of}); no manager runs here until a remote is this replica's")
     }
 }
 

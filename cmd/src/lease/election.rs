@@ -1,38 +1,49 @@
 //! Leader election on a Lease, read and written as client-go's
 //! `leaderelection` package does, with a fence on this process's own
-//! monotonic clock.
+//! monotonic clock. The claim, the record and the loop are `claim.rs`'s;
+//! this module decides what a try does.
 //!
 //! - Every `retryPeriod` (with up to 20% jitter, as client-go), a replica
-//!   reads the Lease. It takes it if it is free (no holder, or the holder's
-//!   claim has not been renewed for `leaseDuration` by this replica's
-//!   clock, measured from when it saw the record change), and the leader
-//!   renews it. Writes carry the `resourceVersion` read, so of two replicas
-//!   that race, one gets `409 Conflict` and stays a follower.
-//! - The fence: a leader counts from the moment it *sent* its last
-//!   successful renewal. At that moment plus `renewDeadline` it stops
-//!   believing it leads, whatever the apiserver says or does not say, and
-//!   the supervisor ends its cycle (`leadership_lost`). Another replica
-//!   takes the Lease no sooner than `leaseDuration` after it saw that same
-//!   renewal, so the leader's manager has `leaseDuration - renewDeadline`
-//!   to stop, and the config makes the exec manager's grace fit in it.
-//! - Seeing another holder in a renewal ends the leadership at once.
+//!   reads the Lease. It takes it when no claim on it is current by this
+//!   replica's clock ([`Claim`](super::claim::Claim)): released, or lapsed a
+//!   full `leaseDuration` after this replica saw it change. The leader
+//!   renews it. Writes carry the `resourceVersion` read: of two replicas
+//!   that race, one gets `409 Conflict`, a failed try and nothing more.
+//! - A Lease that does not exist: the leader whose claim is current
+//!   recreates it at once and goes on leading. A replica that saw it vanish
+//!   from under another holder waits out that holder's claim. Any other
+//!   replica creates it at once (a create fails if another was first), but
+//!   leads only a `leaseDuration` after its create was sent: a Lease can
+//!   come and go between two reads, so a replica that saw none cannot know
+//!   that no one led a moment ago, and that one's fence ends by then.
+//! - The fence: a leader stops believing it leads at `renewDeadline` after
+//!   it *sent* its last successful write, whatever the apiserver says or
+//!   does not say, and the supervisor ends its cycle (`leadership_lost`).
+//!   Another replica takes the Lease no sooner than `leaseDuration` after
+//!   it saw that same write, so the leader's manager has `leaseDuration -
+//!   renewDeadline` to stop, and the config makes the exec manager's grace
+//!   fit in it.
+//! - Seeing another holder's current claim ends the leadership at once. A
+//!   record under this replica's own identity that this process did not
+//!   write is another process's (two processes given one identity): it is
+//!   reported, and never taken for this replica's own.
 //! - At shutdown, after the manager stopped, the leader releases the Lease
 //!   as `ReleaseOnCancel` does: no holder, `leaseDurationSeconds: 1`.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, PostParams};
 use prometheus::{IntCounter, IntGauge, Registry};
 use tokio::sync::watch;
-use tokio::time::{Instant, sleep_until, timeout};
+use tokio::time::{Instant, timeout};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 pub use super::Error;
-use super::{jittered, micro_now};
+use super::claim::{self, Claimant, Lapse, Observer, shown_holder};
 use crate::config::LeaderElectionSpec;
 use crate::lock;
 
@@ -45,9 +56,16 @@ pub struct ElectionState {
     pub lease: String,
     /// Whether this replica leads.
     pub leading: bool,
-    /// The holder last seen on the Lease; empty when free.
+    /// The holder last seen on the Lease, escaped and cut; empty when free
+    /// or unknown.
     pub holder: String,
-    /// Why the last attempt failed, if it did.
+    /// Whether the Lease names this replica's identity, written by another
+    /// process: two processes share one identity.
+    pub twin: bool,
+    /// While this replica holds a Lease it created but does not lead yet:
+    /// how long until it does.
+    pub leads_in: Option<Duration>,
+    /// Why the last try failed, if it did.
     pub last_error: Option<String>,
 }
 
@@ -86,6 +104,8 @@ pub struct Election {
     identity: String,
     shared: Arc<Shared>,
     gate: watch::Sender<bool>,
+    /// What this replica has seen of the Lease, and what it wrote to it.
+    seen: Mutex<Observer>,
 }
 
 impl std::fmt::Debug for Election {
@@ -106,13 +126,13 @@ impl Drop for CloseOnDrop<'_> {
     }
 }
 
-/// What one try came to.
-enum Attempt {
-    /// This replica holds the Lease, renewed by the write sent at the time
-    /// given.
-    Holding,
-    /// Another holder's claim is valid.
-    HeldBy(String),
+/// The election as the claim loop drives it.
+struct Candidate<'a> {
+    election: &'a Election,
+    /// Why the last try found the Lease not this replica's.
+    why: &'static str,
+    /// When this replica, holding a Lease it created, may lead.
+    leads_from: Option<Instant>,
 }
 
 impl Election {
@@ -156,6 +176,7 @@ impl Election {
                 transitions,
             }),
             identity,
+            seen: Mutex::new(Observer::new(spec.lease_duration)),
             spec,
             gate,
         })
@@ -184,14 +205,6 @@ impl Election {
         }
     }
 
-    fn note(&self, holder: Option<&str>, error: Option<String>) {
-        let mut state = lock(&self.shared.state);
-        if let Some(holder) = holder {
-            holder.clone_into(&mut state.holder);
-        }
-        state.last_error = error;
-    }
-
     /// Runs until `stop` is cancelled. Then it stops leading (the gate
     /// closes), and the caller releases the Lease after the manager stopped.
     ///
@@ -202,124 +215,23 @@ impl Election {
         // However this ends (a panic, the future dropped), the gate closes:
         // a leader whose election no longer runs must not go on leading.
         let _closes = CloseOnDrop(self);
-        let spec = &self.spec;
-        // The record as last seen, and when this replica saw it change.
-        let mut observed: Option<(LeaseSpec, Instant)> = None;
-        // When the last successful renewal was sent, while leading.
-        let mut renewed: Option<Instant> = None;
-        let mut next_try = Instant::now();
-        loop {
-            let fence = renewed.map(|at| at + spec.renew_deadline);
-            tokio::select! {
-                () = stop.cancelled() => break,
-                () = sleep_until(next_try) => {}
-                () = sleep_until(fence.unwrap_or(next_try)), if fence.is_some_and(|f| f < next_try) => {
-                    renewed = None;
-                    self.set_leading(false, "no renewal succeeded within renewDeadline");
-                    continue;
-                }
-            }
-            let sent = Instant::now();
-            let attempt = tokio::select! {
-                () = stop.cancelled() => break,
-                attempt = timeout(spec.retry_period, self.try_acquire_or_renew(&mut observed)) => attempt,
-                () = sleep_until(fence.unwrap_or(sent)), if fence.is_some() => {
-                    renewed = None;
-                    self.set_leading(false, "no renewal succeeded within renewDeadline");
-                    next_try = Instant::now() + jittered(spec.retry_period);
-                    continue;
-                }
-            };
-            match attempt {
-                Ok(Ok(Attempt::Holding)) => {
-                    renewed = Some(sent);
-                    self.note(Some(&self.identity), None);
-                    self.set_leading(true, "");
-                }
-                Ok(Ok(Attempt::HeldBy(holder))) => {
-                    self.note(Some(&holder), None);
-                    if renewed.take().is_some() {
-                        self.set_leading(false, "another holder took the Lease");
-                    }
-                }
-                Ok(Err(err)) => self.note(None, Some(tether_supervisor::error_chain(&err))),
-                Err(_) => self.note(
-                    None,
-                    Some("the Lease's apiserver did not answer in time".to_owned()),
-                ),
-            }
-            // A leader renews as often as a follower tries, as client-go.
-            next_try = Instant::now() + jittered(spec.retry_period);
-        }
+        info!(
+            identity = %self.identity,
+            lease = %lock(&self.shared.state).lease,
+            "leader election: this replica's identity"
+        );
+        let mut candidate = Candidate {
+            election: self,
+            why: "",
+            leads_from: None,
+        };
+        claim::keep(&mut candidate, &self.spec, &stop).await;
         self.set_leading(false, "shutting down");
     }
 
-    /// client-go's `tryAcquireOrRenew`.
-    async fn try_acquire_or_renew(
-        &self,
-        observed: &mut Option<(LeaseSpec, Instant)>,
-    ) -> Result<Attempt, kube::Error> {
-        let spec = &self.spec;
-        let now = micro_now();
-        let duration = i32::try_from(spec.lease_duration.as_secs()).unwrap_or(i32::MAX);
-        let Some(mut lease) = self.leases.get_opt(&spec.lease_name).await? else {
-            let lease = Lease {
-                metadata: ObjectMeta {
-                    name: Some(spec.lease_name.clone()),
-                    ..ObjectMeta::default()
-                },
-                spec: Some(LeaseSpec {
-                    holder_identity: Some(self.identity.clone()),
-                    lease_duration_seconds: Some(duration),
-                    acquire_time: Some(now.clone()),
-                    renew_time: Some(now),
-                    lease_transitions: Some(0),
-                    ..LeaseSpec::default()
-                }),
-            };
-            self.leases.create(&PostParams::default(), &lease).await?;
-            return Ok(Attempt::Holding);
-        };
-        let old = lease.spec.clone().unwrap_or_default();
-        if observed.as_ref().is_none_or(|(seen, _)| *seen != old) {
-            *observed = Some((old.clone(), Instant::now()));
-        }
-        let holder = old.holder_identity.clone().unwrap_or_default();
-        let observed_at = observed.as_ref().map_or_else(Instant::now, |(_, at)| *at);
-        let claim = Duration::from_secs(
-            u64::try_from(old.lease_duration_seconds.unwrap_or(duration)).unwrap_or(0),
-        );
-        let mine = holder == self.identity;
-        if !holder.is_empty() && !mine && observed_at + claim > Instant::now() {
-            return Ok(Attempt::HeldBy(holder));
-        }
-        let transitions = old.lease_transitions.unwrap_or(0);
-        lease.spec = Some(LeaseSpec {
-            holder_identity: Some(self.identity.clone()),
-            lease_duration_seconds: Some(duration),
-            acquire_time: if mine {
-                old.acquire_time.clone()
-            } else {
-                Some(now.clone())
-            },
-            renew_time: Some(now),
-            lease_transitions: Some(if mine { transitions } else { transitions + 1 }),
-            ..old
-        });
-        match self
-            .leases
-            .replace(&spec.lease_name, &PostParams::default(), &lease)
-            .await
-        {
-            Ok(_) => Ok(Attempt::Holding),
-            // Another replica wrote first: it holds the Lease now.
-            Err(kube::Error::Api(status)) if status.code == 409 => Ok(Attempt::HeldBy(holder)),
-            Err(err) => Err(err),
-        }
-    }
-
-    /// The Lease as it is now, for `tether check`: its holder (empty when
-    /// free), and how long ago it was renewed; `None` if it does not exist.
+    /// The Lease as it is now, for `tether check`: its holder (escaped,
+    /// empty when free), and how long ago it was renewed by the wall clock;
+    /// `None` if it does not exist.
     ///
     /// # Errors
     ///
@@ -338,7 +250,10 @@ impl Election {
                 let since = jiff::Timestamp::now().duration_since(t.0);
                 std::time::Duration::try_from(since).ok()
             });
-            (spec.holder_identity.unwrap_or_default(), age)
+            (
+                shown_holder(spec.holder_identity.as_deref().unwrap_or("")),
+                age,
+            )
         }))
     }
 
@@ -348,7 +263,7 @@ impl Election {
         &self.identity
     }
 
-    /// Releases the Lease if this replica holds it, as client-go's
+    /// Releases the Lease if this process holds it, as client-go's
     /// `ReleaseOnCancel`: no holder, `leaseDurationSeconds: 1`, so another
     /// replica takes it at its next try. Call it after the manager stopped.
     pub async fn release(&self) {
@@ -357,17 +272,10 @@ impl Election {
                 return Ok::<bool, kube::Error>(false);
             };
             let old = lease.spec.clone().unwrap_or_default();
-            if old.holder_identity.as_deref() != Some(self.identity.as_str()) {
+            if !lock(&self.seen).observe(Some(&old), &self.identity).ours {
                 return Ok(false);
             }
-            let now = micro_now();
-            lease.spec = Some(LeaseSpec {
-                holder_identity: Some(String::new()),
-                lease_duration_seconds: Some(1),
-                acquire_time: Some(now.clone()),
-                renew_time: Some(now),
-                ..old
-            });
+            lease.spec = Some(claim::released(&old, &claim::micro_now()));
             self.leases
                 .replace(&self.spec.lease_name, &PostParams::default(), &lease)
                 .await?;
@@ -385,5 +293,112 @@ impl Election {
                 );
             }
         }
+    }
+}
+
+/// What a try's error says, a conflict in words.
+fn try_error(err: &kube::Error) -> String {
+    match err {
+        kube::Error::Api(status) if status.code == 409 => {
+            "the Lease changed between this replica's read and its write (409 Conflict); it reads it again at the next try".to_owned()
+        }
+        other => tether_supervisor::error_chain(other),
+    }
+}
+
+impl Claimant for Candidate<'_> {
+    async fn attempt(&mut self, fence: Option<Instant>) -> Result<Option<Instant>, String> {
+        let election = self.election;
+        let name = &election.spec.lease_name;
+        let me = election.identity.as_str();
+        let lease = election
+            .leases
+            .get_opt(name)
+            .await
+            .map_err(|e| try_error(&e))?;
+        let record = lease.as_ref().map(|l| l.spec.clone().unwrap_or_default());
+        let sighting = lock(&election.seen).observe(record.as_ref(), me);
+        {
+            let mut state = lock(&election.shared.state);
+            state.holder.clone_from(&sighting.claim.holder);
+            if sighting.twin && !state.twin {
+                warn!(
+                    identity = me,
+                    "the Lease names this replica's identity, but another process wrote it: two processes share one identity; this one will not lead while the other's claim holds (give each replica its own leaderElection.identity, or leave it unset)"
+                );
+            }
+            state.twin = sighting.twin;
+        }
+        let leading = fence.is_some_and(|f| Instant::now() < f);
+        // A Lease that does not exist: its leader recreates it at once; a
+        // replica that never saw it creates it too, and leads later. One
+        // that saw it vanish from under another holder waits that out.
+        let vanished_under_me = lease.is_none() && leading;
+        let never_seen = lease.is_none() && sighting.claim.holder.is_empty();
+        if !sighting.ours && sighting.claim.is_current() && !vanished_under_me && !never_seen {
+            self.why = if sighting.twin {
+                "another process holds the Lease under this replica's identity"
+            } else {
+                "another holder's claim on the Lease is current"
+            };
+            self.leads_from = None;
+            lock(&election.shared.state).leads_in = None;
+            return Ok(None);
+        }
+        let now = claim::micro_now();
+        let spec = claim::holding(
+            record.as_ref(),
+            sighting.ours,
+            me,
+            election.spec.lease_duration,
+            &now,
+        );
+        lock(&election.seen).sending(&now);
+        let sent = Instant::now();
+        let written = match lease {
+            None => {
+                let lease = Lease {
+                    metadata: ObjectMeta {
+                        name: Some(name.clone()),
+                        ..ObjectMeta::default()
+                    },
+                    spec: Some(spec),
+                };
+                election.leases.create(&PostParams::default(), &lease).await
+            }
+            Some(mut lease) => {
+                lease.spec = Some(spec);
+                election
+                    .leases
+                    .replace(name, &PostParams::default(), &lease)
+                    .await
+            }
+        };
+        written.map_err(|e| try_error(&e))?;
+        if record.is_none() && !vanished_under_me {
+            self.leads_from = Some(sent + election.spec.lease_duration.duration());
+        }
+        let now = Instant::now();
+        let waiting = self.leads_from.filter(|from| now < *from);
+        lock(&election.shared.state).leads_in = waiting.map(|from| from - now);
+        if waiting.is_none() {
+            self.leads_from = None;
+            election.set_leading(true, "");
+        }
+        Ok(Some(sent))
+    }
+
+    fn lapsed(&mut self, why: Lapse) {
+        let why = match why {
+            Lapse::Fence => "no write to the Lease succeeded within renewDeadline",
+            Lapse::Lost => self.why,
+        };
+        self.leads_from = None;
+        lock(&self.election.shared.state).leads_in = None;
+        self.election.set_leading(false, why);
+    }
+
+    fn note(&mut self, error: Option<String>) {
+        lock(&self.election.shared.state).last_error = error;
     }
 }

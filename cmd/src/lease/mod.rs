@@ -2,13 +2,11 @@
 //! sharing of remotes among replicas. Both know kube, and nothing of the
 //! supervisor.
 
+pub mod claim;
 pub mod election;
 pub mod shard;
 
-use std::time::Duration;
-
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::Api;
 
 use crate::config::LeaderElectionSpec;
@@ -22,6 +20,10 @@ pub enum Error {
     /// The client for the Lease's cluster could not be made.
     #[error("cannot make a client for the Lease's cluster")]
     Client(#[source] kube::Error),
+    /// Making that client (which may run an exec credential plugin) hung
+    /// or panicked.
+    #[error("cannot make a client for the Lease's cluster")]
+    Build(#[source] tether_probes::BuildError),
     /// The kubeconfig of the Lease's cluster is unusable.
     #[error("cannot read the kubeconfig of the Lease's cluster")]
     Kubeconfig(#[source] kube::config::KubeconfigError),
@@ -42,7 +44,8 @@ pub(crate) struct Leases {
 
 impl Leases {
     /// The client `spec` asks for: its kubeconfig, else in-cluster or the
-    /// current context; each request bounded by `retryPeriod`, no retries.
+    /// current context; each request bounded by `retryPeriod`, no retries,
+    /// each response by [`tether_probes::MAX_LEASE_RESPONSE`].
     pub(crate) async fn new(spec: &LeaderElectionSpec) -> Result<Self, Error> {
         let mut config = match &spec.kubeconfig {
             Some(path) => {
@@ -72,7 +75,13 @@ impl Leases {
                     .map(|_| config.default_namespace.clone())
             })
             .ok_or(Error::NoNamespace)?;
-        let client = kube::Client::try_from(config).map_err(Error::Client)?;
+        // Off the workers: an exec credential plugin runs in the build.
+        let client = tether_probes::once_off_workers(move || {
+            tether_probes::bounded_client_within(config, tether_probes::MAX_LEASE_RESPONSE)
+        })
+        .await
+        .map_err(Error::Build)?
+        .map_err(Error::Client)?;
         Ok(Self {
             api: Api::namespaced(client, &namespace),
             namespace,
@@ -89,9 +98,17 @@ fn pod_namespace() -> Option<String> {
         .filter(|ns| !ns.is_empty())
 }
 
-/// `$POD_NAME`, else the hostname.
-fn default_identity() -> String {
-    std::env::var("POD_NAME")
+/// How long the base of a default identity may be: room for the suffix
+/// within the longest identity a shard Lease's name leaves.
+const IDENTITY_BASE: usize = 200;
+
+/// `$POD_NAME`, else the hostname, with a random suffix made at start, as
+/// controller-runtime adds a UUID to the hostname: two processes on one
+/// host, or two pods that a template gives one name, never share an
+/// identity. Lower-cased, with anything a Lease name cannot hold as `-`.
+#[must_use]
+pub fn default_identity() -> String {
+    let base = std::env::var("POD_NAME")
         .ok()
         .filter(|name| !name.is_empty())
         .or_else(|| {
@@ -99,15 +116,42 @@ fn default_identity() -> String {
                 .ok()
                 .map(|h| h.trim().to_owned())
         })
-        .unwrap_or_else(|| "tether".to_owned())
+        .unwrap_or_default();
+    let base: String = base
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(IDENTITY_BASE)
+        .collect();
+    let base = base.trim_matches(['-', '.']);
+    let base = if base.is_empty() { "tether" } else { base };
+    let suffix: String = std::iter::repeat_with(|| fastrand::digit(36))
+        .take(8)
+        .collect();
+    format!("{base}-{suffix}")
 }
 
-fn micro_now() -> MicroTime {
-    MicroTime(jiff::Timestamp::now())
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// The jittered wait before the next try: `period` to 1.2 × `period`, as
-/// client-go's `JitterFactor`.
-fn jittered(period: Duration) -> Duration {
-    period.mul_f64(1.0 + 0.2 * fastrand::f64())
+    #[test]
+    fn the_default_identity_is_unique_per_process_and_a_lease_name() {
+        let (a, b) = (default_identity(), default_identity());
+        assert_ne!(a, b, "two processes on one host would share {a}");
+        for id in [&a, &b] {
+            assert!(id.len() <= IDENTITY_BASE + 9, "{id}");
+            assert!(
+                id.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.'),
+                "{id}"
+            );
+        }
+    }
 }

@@ -2,39 +2,53 @@
 //! members, and the rule that fences a move.
 //!
 //! Invariants:
-//! - **Ownership.** A remote belongs to the live member of highest weight,
-//!   the weight being the first 8 bytes of SHA-256 of the member's identity
-//!   and the remote's key (its normalized URL). Every replica computes the
-//!   same owner from the same members, with no coordination.
+//! - **Ownership.** A remote belongs to the member of highest weight among
+//!   the live *full* members, the weight being the first 8 bytes of SHA-256
+//!   of the member's identity and the remote's key (its normalized URL).
+//!   Every replica computes the same owner from the same members, with no
+//!   coordination.
 //! - **Little movement.** A member joining takes only the remotes it now
 //!   wins, about 1/N; a member leaving gives up only its own; no remote
 //!   moves between two members that stay.
-//! - **No two holders.** Each member publishes, in its Lease, the members
-//!   its current holdings were computed from (its *view*), and publishes a
-//!   new view only after it has stopped the remotes the new view takes from
-//!   it. A member takes a remote only when no other live member still owns
-//!   it under that member's own published view. Two live members that see
-//!   each other can never both own a remote (for rendezvous hashing, the
-//!   owner among any set containing both is the same one of the two), so a
-//!   remote is held twice only if a member counts a live one as dead; that
-//!   is what the Lease's expiry, measured on the reader's own clock, and the
-//!   holder's fence (it stops before its Lease can expire for others)
-//!   rule out, as in leader election.
+//! - **A newcomer waits.** A replica that starts (or whose claim lapsed)
+//!   is *joining* for a full `leaseDuration` of successful rounds: it
+//!   publishes an empty view, holds nothing, and owns nothing in anyone's
+//!   computation, so the others keep its future share meanwhile. By then it
+//!   has seen every member that could hold a remote: a member's Lease
+//!   exists before it holds anything, and one that vanished while current
+//!   counts as live for a full duration (`claim.rs`).
+//! - **No two holders.** Each full member publishes, in its Lease, the
+//!   members its current holdings were computed from (its *view*), and
+//!   publishes a new view only after it has stopped the remotes the new
+//!   view takes from it. It takes remotes only under a view it published
+//!   in an earlier round, and only those that no other live member still
+//!   owns under that member's own published view: of two members that each
+//!   list before the other writes, neither takes in that round. Two live
+//!   members that see each other can never both own a remote (for
+//!   rendezvous hashing, the owner among any set containing both is the
+//!   same one of the two), so a remote is held twice only if a member
+//!   counts a live one as dead; that is what the claims, measured on the
+//!   reader's own clock, and the holder's fence (it stops before its Lease
+//!   can expire for others) rule out, as in leader election.
+//! - **Leaving.** A member that stops releases its Lease (no holder) once
+//!   its manager has stopped: the others take its remotes at their next
+//!   round. Lapsed or released member Leases are deleted by the full
+//!   members a `leaseDuration` later, with the `resourceVersion` read.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
 use prometheus::{IntGauge, IntGaugeVec, Opts, Registry};
 use tokio::sync::watch;
-use tokio::time::{Instant, sleep_until, timeout};
+use tokio::time::{Instant, timeout};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::{Error, jittered, micro_now};
+use super::Error;
+use super::claim::{self, Claimant, Lapse, Observer, shown_holder};
 use crate::config::{LeaderElectionSpec, ShardingSpec};
 use crate::lock;
 
@@ -68,14 +82,15 @@ pub fn owner<'m>(remote: &str, members: impl IntoIterator<Item = &'m str>) -> Op
 pub struct Member {
     /// Its identity: the Lease's holder.
     pub identity: String,
-    /// The members its holdings were computed from; empty before its first.
+    /// The members its holdings were computed from; empty while it joins,
+    /// when it owns and holds nothing.
     pub view: BTreeSet<String>,
 }
 
 /// What this replica should do with its remotes now.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Plan {
-    /// The keys it owns under the live members, and may hold now.
+    /// The keys it owns under the live full members, and may hold now.
     pub hold: BTreeSet<String>,
     /// The keys it owns, but another live member still owns under its
     /// published view: taken once that member publishes a newer view, or
@@ -84,10 +99,15 @@ pub struct Plan {
 }
 
 /// The plan of `me` for the remotes keyed `keys`, given the `live` members
-/// (`me` among them, with its view as it will publish it).
+/// (`me` among them, with its view as it will publish it). Members with an
+/// empty view are joining and own nothing.
 #[must_use]
 pub fn plan<'k>(me: &str, keys: impl IntoIterator<Item = &'k str>, live: &[Member]) -> Plan {
-    let members: Vec<&str> = live.iter().map(|m| m.identity.as_str()).collect();
+    let members: Vec<&str> = live
+        .iter()
+        .filter(|m| !m.view.is_empty())
+        .map(|m| m.identity.as_str())
+        .collect();
     let others: Vec<&Member> = live.iter().filter(|m| m.identity != me).collect();
     let mut plan = Plan::default();
     for key in keys {
@@ -111,8 +131,12 @@ pub fn plan<'k>(me: &str, keys: impl IntoIterator<Item = &'k str>, live: &[Membe
 pub const GROUP_LABEL: &str = "tether.dev/shard-group";
 
 /// The annotation in which a member publishes its view: the identities its
-/// holdings were computed from, comma-separated.
+/// holdings were computed from, comma-separated; empty while it joins.
 pub const VIEW_ANNOTATION: &str = "tether.dev/view";
+
+/// The most identities read from one member's view: far more replicas than
+/// a group has, far fewer than a hostile annotation could list.
+const MAX_VIEW: usize = 1000;
 
 /// Where this replica stands among the shards, for `/status` and `check`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -121,12 +145,18 @@ pub struct ShardState {
     pub identity: String,
     /// `namespace/prefix`.
     pub group: String,
-    /// The live members, by identity, as this replica sees them.
+    /// The live full members, by identity, as this replica sees them.
     pub members: Vec<String>,
     /// The remotes (by name) this replica holds.
     pub owned: BTreeSet<String>,
     /// The remotes it owns, but waits for another member to give up.
     pub waiting: BTreeSet<String>,
+    /// While it joins: how long until it is a full member and takes its
+    /// share.
+    pub joining: Option<std::time::Duration>,
+    /// Whether its own Lease names its identity but another process wrote
+    /// it: two processes share one identity.
+    pub twin: bool,
     /// Why the last round failed, if it did.
     pub last_error: Option<String>,
     /// The remotes with a `tether_remote_owned` series.
@@ -185,6 +215,19 @@ impl ShardHandle {
     }
 }
 
+/// What this replica has seen of another member's Lease.
+#[derive(Debug)]
+struct Seen {
+    observer: Observer,
+    /// Its holder and view as last read; kept while the Lease is absent
+    /// but its claim may still be current.
+    holder: String,
+    view: BTreeSet<String>,
+    /// The `resourceVersion` last read, for a delete that must not remove
+    /// a Lease renewed since.
+    version: Option<String>,
+}
+
 /// The sharding of remotes among replicas: this replica's Lease, renewed
 /// as in leader election, and its share, computed each round.
 pub struct Sharding {
@@ -197,6 +240,15 @@ pub struct Sharding {
     keys: watch::Receiver<BTreeMap<String, String>>,
     applied: watch::Receiver<BTreeSet<String>>,
     handle: ShardHandle,
+    /// What this replica has seen of its own Lease, and wrote to it.
+    own: Observer,
+    /// The other members' Leases, by name.
+    seen: BTreeMap<String, Seen>,
+    /// The view this replica last published.
+    view: BTreeSet<String>,
+    /// When its current membership's first round succeeded: it joins until
+    /// a `leaseDuration` later.
+    since: Option<Instant>,
 }
 
 impl std::fmt::Debug for Sharding {
@@ -208,10 +260,23 @@ impl std::fmt::Debug for Sharding {
     }
 }
 
-/// The Lease of each member as last seen, and when this replica saw it
-/// change: liveness is measured on this replica's clock, never by comparing
-/// clocks.
-type Seen = BTreeMap<String, (LeaseSpec, BTreeSet<String>, Instant)>;
+/// A member's view, from its annotation: at most [`MAX_VIEW`] identities,
+/// each as [`shown_holder`] keeps it.
+fn parse_view(lease: &Lease) -> BTreeSet<String> {
+    lease
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(VIEW_ANNOTATION))
+        .map(|v| {
+            v.split(',')
+                .filter(|m| !m.is_empty())
+                .take(MAX_VIEW)
+                .map(shown_holder)
+                .collect()
+        })
+        .unwrap_or_default()
+}
 
 impl Sharding {
     /// The sharding `sharding` asks for, on the cluster and with the
@@ -232,7 +297,7 @@ impl Sharding {
         } = super::Leases::new(&election).await?;
         let members = IntGauge::new(
             "tether_shard_members",
-            "Live members of this replica's shard group, as it sees them.",
+            "Live full members of this replica's shard group, as it sees them.",
         )
         .map_err(Error::Metrics)?;
         let owned = IntGauge::new(
@@ -270,6 +335,7 @@ impl Sharding {
         let (keys_tx, keys) = watch::channel(BTreeMap::new());
         let (applied_tx, applied) = watch::channel(BTreeSet::new());
         Ok(Self {
+            own: Observer::new(election.lease_duration),
             spec: election,
             prefix: sharding.lease_prefix.clone(),
             leases: api,
@@ -284,6 +350,9 @@ impl Sharding {
             holding,
             keys,
             applied,
+            seen: BTreeMap::new(),
+            view: BTreeSet::new(),
+            since: None,
         })
     }
 
@@ -333,6 +402,14 @@ impl Sharding {
         });
     }
 
+    /// Holds nothing, and starts joining again. The view it publishes
+    /// stays until the daemon says nothing runs the remotes any more: an
+    /// empty view tells the others they may take them at once.
+    fn let_go(&mut self) {
+        self.since = None;
+        self.hold(BTreeSet::new(), BTreeSet::new(), Vec::new());
+    }
+
     /// Waits, at most until `deadline`, until the daemon has stopped every
     /// remote outside `names`. Returns whether it did.
     async fn until_applied(&mut self, names: &BTreeSet<String>, deadline: Instant) -> bool {
@@ -344,7 +421,7 @@ impl Sharding {
     /// this replica's Lease with its view, reads the members', and holds its
     /// share. Past `renewDeadline` without a renewal it holds nothing (its
     /// fence), before its Lease can expire for the others. At the end it
-    /// holds nothing, and deletes its Lease once the daemon has let go, so
+    /// holds nothing, and releases its Lease once the daemon has let go, so
     /// the others take its remotes at once.
     ///
     /// # Cancellation safety
@@ -352,129 +429,240 @@ impl Sharding {
     /// Cancel `stop` instead of dropping it.
     pub async fn run(mut self, stop: CancellationToken) {
         let spec = self.spec.clone();
-        let mut seen: Seen = BTreeMap::new();
-        let mut view: BTreeSet<String> = BTreeSet::new();
-        let mut renewed: Option<Instant> = None;
-        let mut next = Instant::now();
-        loop {
-            let fence = renewed.map(|at| at + spec.renew_deadline);
-            tokio::select! {
-                () = stop.cancelled() => break,
-                () = sleep_until(next) => {}
-                () = sleep_until(fence.unwrap_or(next)), if fence.is_some_and(|f| f < next) => {
-                    warn!(identity = %self.identity, "no renewal of this replica's shard Lease within renewDeadline: giving up every remote");
-                    renewed = None;
-                    view.clear();
-                    self.hold(BTreeSet::new(), BTreeSet::new(), Vec::new());
-                    continue;
-                }
-            }
-            next = Instant::now() + jittered(spec.retry_period);
-            let round = timeout(spec.retry_period, self.round(&mut seen, &mut view, renewed));
-            match round.await {
-                Ok(Ok(at)) => {
-                    renewed = Some(at);
-                    lock(&self.shared.state).last_error = None;
-                }
-                Ok(Err(err)) => {
-                    lock(&self.shared.state).last_error = Some(err);
-                }
-                Err(_) => {
-                    lock(&self.shared.state).last_error =
-                        Some("the Leases' apiserver did not answer in time".to_owned());
-                }
-            }
-        }
-        self.hold(BTreeSet::new(), BTreeSet::new(), Vec::new());
+        info!(
+            identity = %self.identity,
+            lease = %self.lease_name(),
+            "sharding: this replica's identity; it joins for a leaseDuration before it takes a share"
+        );
+        claim::keep(&mut self, &spec, &stop).await;
+        self.let_go();
         let deadline = Instant::now() + spec.renew_deadline;
         if self.until_applied(&BTreeSet::new(), deadline).await {
-            let gone = timeout(
-                spec.retry_period,
-                self.leases
-                    .delete(&self.lease_name(), &DeleteParams::default()),
-            )
-            .await;
-            if matches!(gone, Ok(Ok(_))) {
-                info!(identity = %self.identity, "shard Lease deleted: the other replicas take its remotes now");
+            match timeout(spec.retry_period, self.release()).await {
+                Ok(Ok(true)) => {
+                    info!(identity = %self.identity, "shard Lease released: the other replicas take its remotes now");
+                }
+                Ok(Ok(false)) => {}
+                Ok(Err(err)) => {
+                    warn!(error = %err, "could not release the shard Lease; the others take its remotes after leaseDuration");
+                }
+                Err(_) => warn!(
+                    "releasing the shard Lease timed out; the others take its remotes after leaseDuration"
+                ),
             }
         }
     }
 
-    /// One round: the members' Leases read, what this replica gives up let
-    /// go of, its Lease renewed with its new view, and what it may take
-    /// taken. Returns when the renewal was sent.
-    async fn round(
+    /// Writes this replica's Lease with no holder, if this process holds
+    /// it.
+    async fn release(&mut self) -> Result<bool, kube::Error> {
+        let name = self.lease_name();
+        let Some(mut lease) = self.leases.get_opt(&name).await? else {
+            return Ok(false);
+        };
+        let old = lease.spec.clone().unwrap_or_default();
+        if !self.own.observe(Some(&old), &self.identity).ours {
+            return Ok(false);
+        }
+        lease.spec = Some(claim::released(&old, &claim::micro_now()));
+        lease
+            .metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(VIEW_ANNOTATION.to_owned(), String::new());
+        self.leases
+            .replace(&name, &PostParams::default(), &lease)
+            .await?;
+        Ok(true)
+    }
+
+    /// Reads the group's Leases: this replica's own, and what each other
+    /// member's says. Returns this replica's own Lease, if it exists, and
+    /// the names of the Leases a full member should delete.
+    fn read(&mut self, leases: Vec<Lease>) -> (Option<Lease>, Vec<(String, Option<String>)>) {
+        let mine = self.lease_name();
+        let mut own = None;
+        let mut present = BTreeSet::new();
+        for lease in leases {
+            let Some(name) = lease.metadata.name.clone() else {
+                continue;
+            };
+            if name == mine {
+                own = Some(lease);
+                continue;
+            }
+            let record = lease.spec.clone().unwrap_or_default();
+            let seen = self.seen.entry(name.clone()).or_insert_with(|| Seen {
+                observer: Observer::new(self.spec.lease_duration),
+                holder: String::new(),
+                view: BTreeSet::new(),
+                version: None,
+            });
+            seen.observer.observe(Some(&record), &self.identity);
+            seen.holder = shown_holder(record.holder_identity.as_deref().unwrap_or(""));
+            seen.view = parse_view(&lease);
+            seen.version.clone_from(&lease.metadata.resource_version);
+            present.insert(name);
+        }
+        let mut stale = Vec::new();
+        let lease_duration = self.spec.lease_duration.duration();
+        self.seen.retain(|name, seen| {
+            if !present.contains(name) {
+                seen.observer.observe(None, "");
+            }
+            let claim = seen.observer.claim().cloned();
+            let lapsed_for_long = claim
+                .as_ref()
+                .is_some_and(|c| Instant::now() >= c.expiry + lease_duration);
+            if lapsed_for_long && present.contains(name) {
+                stale.push((name.clone(), seen.version.clone()));
+            }
+            // Forget a Lease gone and no longer claimed.
+            present.contains(name) || claim.is_some_and(|c| c.is_current())
+        });
+        (own, stale)
+    }
+
+    /// The other members whose claim is current, with their views.
+    fn live(&self) -> Vec<Member> {
+        self.seen
+            .values()
+            .filter(|s| {
+                !s.holder.is_empty()
+                    && s.holder != self.identity
+                    && s.observer.claim().is_some_and(claim::Claim::is_current)
+            })
+            .map(|s| Member {
+                identity: s.holder.clone(),
+                view: s.view.clone(),
+            })
+            .collect()
+    }
+
+    /// Creates or renews this replica's Lease, publishing `view`. Returns
+    /// when the write was sent.
+    async fn renew(
         &mut self,
-        seen: &mut Seen,
-        view: &mut BTreeSet<String>,
-        renewed: Option<Instant>,
-    ) -> Result<Instant, String> {
-        let err = |e: kube::Error| tether_supervisor::error_chain(&e);
+        lease: Option<Lease>,
+        ours: bool,
+        view: &BTreeSet<String>,
+    ) -> Result<Instant, kube::Error> {
+        let name = self.lease_name();
+        let now = claim::micro_now();
+        let view = view.iter().cloned().collect::<Vec<_>>().join(",");
+        let record = claim::holding(
+            lease.as_ref().and_then(|l| l.spec.as_ref()),
+            ours,
+            &self.identity,
+            self.spec.lease_duration,
+            &now,
+        );
+        let old = lease.map(|l| l.metadata).unwrap_or_default();
+        let exists = old.resource_version.is_some();
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                labels: Some([(GROUP_LABEL.to_owned(), self.prefix.clone())].into()),
+                annotations: Some([(VIEW_ANNOTATION.to_owned(), view)].into()),
+                ..old
+            },
+            spec: Some(record),
+        };
+        self.own.sending(&now);
+        let sent = Instant::now();
+        if exists {
+            self.leases
+                .replace(&name, &PostParams::default(), &lease)
+                .await?;
+        } else {
+            self.leases.create(&PostParams::default(), &lease).await?;
+        }
+        Ok(sent)
+    }
+
+    /// Deletes Leases of members long gone, each only as last read.
+    async fn collect(&self, stale: Vec<(String, Option<String>)>) {
+        for (name, version) in stale {
+            let params = DeleteParams {
+                preconditions: Some(Preconditions {
+                    resource_version: version,
+                    uid: None,
+                }),
+                ..DeleteParams::default()
+            };
+            if self.leases.delete(&name, &params).await.is_ok() {
+                info!(lease = %name, "deleted the shard Lease of a member gone for a leaseDuration");
+            }
+        }
+    }
+}
+
+/// What a round's error says, a conflict in words.
+fn round_error(err: &kube::Error) -> String {
+    match err {
+        kube::Error::Api(status) if status.code == 409 => {
+            "this replica's shard Lease changed between its read and its write (409 Conflict); it reads it again at the next round".to_owned()
+        }
+        other => tether_supervisor::error_chain(other),
+    }
+}
+
+impl Claimant for Sharding {
+    /// One round: the group's Leases read; this replica's own renewed with
+    /// its view; what the members take from it given up, and what it may
+    /// take taken; while it joins, nothing held and an empty view.
+    async fn attempt(&mut self, fence: Option<Instant>) -> Result<Option<Instant>, String> {
         let selector = format!("{GROUP_LABEL}={}", self.prefix);
-        let list = self
+        let list = match self
             .leases
             .list(&ListParams::default().labels(&selector))
             .await
-            .map_err(err)?;
-        let now = Instant::now();
-        let mut present = BTreeSet::new();
-        for lease in list.items {
-            let spec = lease.spec.clone().unwrap_or_default();
-            let Some(holder) = spec.holder_identity.clone().filter(|h| !h.is_empty()) else {
-                continue;
-            };
-            let published: BTreeSet<String> = lease
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(VIEW_ANNOTATION))
-                .map(|v| {
-                    v.split(',')
-                        .filter(|m| !m.is_empty())
-                        .map(str::to_owned)
-                        .collect()
-                })
-                .unwrap_or_default();
-            present.insert(holder.clone());
-            match seen.get_mut(&holder) {
-                Some((old, old_view, at)) if *old == spec => *old_view = published,
-                _ => {
-                    seen.insert(holder, (spec, published, now));
+        {
+            Ok(list) => list,
+            Err(err) => {
+                // A replica that holds nothing has seen nothing: its wait
+                // to join counts only rounds that read the group.
+                if fence.is_none() {
+                    self.since = None;
                 }
+                return Err(round_error(&err));
             }
-        }
-        seen.retain(|holder, _| present.contains(holder));
-        let duration = |s: &LeaseSpec| {
-            Duration::from_secs(u64::try_from(s.lease_duration_seconds.unwrap_or(0)).unwrap_or(0))
         };
-        // Live: another member whose record changed within its duration by
-        // this clock; this replica, while its own renewals hold.
-        let renewing = renewed.is_none_or(|at| at + self.spec.renew_deadline > now);
-        let mut live: Vec<Member> = seen
-            .iter()
-            .filter(|(holder, (spec, _, at))| {
-                *holder != &self.identity && *at + duration(spec) > now
-            })
-            .map(|(holder, (_, view, _))| Member {
-                identity: holder.clone(),
-                view: view.clone(),
-            })
-            .collect();
-        let mut members: BTreeSet<String> = live.iter().map(|m| m.identity.clone()).collect();
-        if renewing {
-            members.insert(self.identity.clone());
+        let (own, stale) = self.read(list.items);
+        let spec = own.as_ref().map(|l| l.spec.clone().unwrap_or_default());
+        let sighting = self.own.observe(spec.as_ref(), &self.identity);
+        let twin = sighting.twin && sighting.claim.is_current();
+        if twin && !lock(&self.shared.state).twin {
+            warn!(
+                identity = %self.identity,
+                "this replica's shard Lease names its identity, but another process wrote it: two processes share one identity; this one holds nothing while the other's claim holds (give each replica its own leaderElection.identity, or leave it unset)"
+            );
         }
-        live.push(Member {
-            identity: self.identity.clone(),
-            view: members.clone(),
-        });
-        let keys = self.keys.borrow().clone();
-        let by_key = |names: &BTreeSet<String>| -> BTreeSet<String> {
-            keys.iter()
-                .filter(|(_, key)| names.contains(*key))
-                .map(|(name, _)| name.clone())
+        lock(&self.shared.state).twin = twin;
+        // Another process's claim on this replica's own Lease (a twin, or
+        // a previous life under a fixed identity): wait it out, holding
+        // nothing. A Lease that does not exist is created at once: the
+        // create fails if another process made it first.
+        if own.is_some() && !sighting.ours && sighting.claim.is_current() {
+            return Ok(None);
+        }
+        let now = Instant::now();
+        let since = *self.since.get_or_insert(now);
+        let joined = now >= since + self.spec.lease_duration.duration();
+        let members: BTreeSet<String> = if joined && fence.is_some() {
+            self.live()
+                .iter()
+                .filter(|m| !m.view.is_empty())
+                .map(|m| m.identity.clone())
+                .chain([self.identity.clone()])
                 .collect()
+        } else {
+            BTreeSet::new()
         };
+        let member_list: Vec<String> = members.iter().cloned().collect();
+        lock(&self.shared.state).joining =
+            (!joined).then(|| since + self.spec.lease_duration.duration() - now);
+        let keys = self.keys.borrow().clone();
         // Give up first: what the new members take from this replica stops
         // now, and the view that lets them take it is published only once
         // the daemon says nothing runs it any more (the manager may take
@@ -489,71 +677,67 @@ impl Sharding {
             .map(|(name, _)| name.clone())
             .collect();
         let kept: BTreeSet<String> = held.intersection(&mine).cloned().collect();
-        let member_list: Vec<String> = members.iter().cloned().collect();
         if kept != held {
             let waiting = lock(&self.shared.state).waiting.clone();
             self.hold(kept.clone(), waiting, member_list.clone());
         }
         let released = self.applied.borrow().is_subset(&kept);
-        let publish = if released { &members } else { &*view };
-        let sent = self.renew(publish).await.map_err(err)?;
-        if !released {
-            return Ok(sent);
+        let publish = if released {
+            members.clone()
+        } else {
+            self.view.clone()
+        };
+        let sent = self
+            .renew(own, sighting.ours, &publish)
+            .await
+            .map_err(|e| round_error(&e))?;
+        // Take only under a view published in an earlier round: a member
+        // that has not seen this one's view yet (two that finish joining at
+        // once each see the other as joining) may take the same remotes
+        // under its own; by the next round, every such member has either
+        // published its view before this replica's list, or will list
+        // after this replica's write.
+        let announced = std::mem::replace(&mut self.view, publish.clone());
+        if !released || publish != announced {
+            return Ok(Some(sent));
         }
-        view.clone_from(&members);
+        let mut live = self.live();
+        live.push(Member {
+            identity: self.identity.clone(),
+            view: members,
+        });
         let key_list: BTreeSet<&str> = keys.values().map(String::as_str).collect();
         let plan = plan(&self.identity, key_list.iter().copied(), &live);
+        let by_key = |names: &BTreeSet<String>| -> BTreeSet<String> {
+            keys.iter()
+                .filter(|(_, key)| names.contains(*key))
+                .map(|(name, _)| name.clone())
+                .collect()
+        };
         let mut taking = by_key(&plan.hold);
         taking.extend(kept);
         self.hold(taking, by_key(&plan.waiting), member_list);
-        Ok(sent)
+        if joined {
+            self.collect(stale).await;
+        }
+        Ok(Some(sent))
     }
 
-    /// Creates or renews this replica's Lease, publishing `view`. Returns
-    /// when the write was sent.
-    async fn renew(&self, view: &BTreeSet<String>) -> Result<Instant, kube::Error> {
-        let name = self.lease_name();
-        let now = micro_now();
-        let sent = Instant::now();
-        let duration = i32::try_from(self.spec.lease_duration.as_secs()).unwrap_or(i32::MAX);
-        let view = view.iter().cloned().collect::<Vec<_>>().join(",");
-        let metadata = |old: ObjectMeta| ObjectMeta {
-            name: Some(name.clone()),
-            labels: Some([(GROUP_LABEL.to_owned(), self.prefix.clone())].into()),
-            annotations: Some([(VIEW_ANNOTATION.to_owned(), view.clone())].into()),
-            ..old
+    fn lapsed(&mut self, why: Lapse) {
+        let why = match why {
+            Lapse::Fence => {
+                "no renewal of this replica's shard Lease within renewDeadline: giving up every remote"
+            }
+            Lapse::Lost => {
+                "another process holds this replica's shard Lease: giving up every remote"
+            }
         };
-        match self.leases.get_opt(&name).await? {
-            None => {
-                let lease = Lease {
-                    metadata: metadata(ObjectMeta::default()),
-                    spec: Some(LeaseSpec {
-                        holder_identity: Some(self.identity.clone()),
-                        lease_duration_seconds: Some(duration),
-                        acquire_time: Some(now.clone()),
-                        renew_time: Some(now),
-                        ..LeaseSpec::default()
-                    }),
-                };
-                self.leases.create(&PostParams::default(), &lease).await?;
-            }
-            Some(lease) => {
-                let old = lease.spec.unwrap_or_default();
-                let lease = Lease {
-                    metadata: metadata(lease.metadata),
-                    spec: Some(LeaseSpec {
-                        holder_identity: Some(self.identity.clone()),
-                        lease_duration_seconds: Some(duration),
-                        renew_time: Some(now),
-                        ..old
-                    }),
-                };
-                self.leases
-                    .replace(&name, &PostParams::default(), &lease)
-                    .await?;
-            }
-        }
-        Ok(sent)
+        warn!(identity = %self.identity, "{why}");
+        self.let_go();
+    }
+
+    fn note(&mut self, error: Option<String>) {
+        lock(&self.shared.state).last_error = error;
     }
 }
 
@@ -676,36 +860,111 @@ mod tests {
         assert_eq!(a.hold.len() + c.hold.len(), keys.len());
     }
 
+    #[test]
+    fn a_joining_member_owns_nothing_and_takes_nothing() {
+        let keys = keys(300);
+        // c joins: its view is empty. a and b keep everything between them.
+        let live = [
+            member("a", &["a", "b"]),
+            member("b", &["a", "b"]),
+            member("c", &[]),
+        ];
+        let a = plan("a", keys.iter().map(String::as_str), &live);
+        let b = plan("b", keys.iter().map(String::as_str), &live);
+        let c = plan("c", keys.iter().map(String::as_str), &live);
+        assert_eq!(
+            a.hold.len() + b.hold.len(),
+            keys.len(),
+            "a joiner's share went unheld"
+        );
+        assert!(c.hold.is_empty() && c.waiting.is_empty(), "{c:?}");
+    }
+
+    /// One step of a member in the model below.
+    #[derive(Debug, Clone)]
+    enum Step {
+        /// It lists the group: who it believes live, and their views now.
+        /// It sees itself, and every member that holds a remote or has
+        /// joined: their Leases are renewed, and have been there for a
+        /// leaseDuration (or the member fenced itself, and lapsed). A
+        /// joining member may be seen or not.
+        Read(BTreeSet<usize>),
+        /// It acts on what it last read: gives up what it no longer owns,
+        /// publishes the members it counts as its view, and takes what the
+        /// plan lets it, if that view was published before.
+        Act,
+        /// Its wait to join is over.
+        Join,
+        /// Its claim lapsed: it holds nothing, and joins again.
+        Lapse,
+    }
+
+    fn step() -> impl Strategy<Value = (usize, Step)> {
+        let step = prop_oneof![
+            4 => proptest::collection::btree_set(0usize..4, 0..4).prop_map(Step::Read),
+            4 => Just(Step::Act),
+            2 => Just(Step::Join),
+            1 => Just(Step::Lapse),
+        ];
+        (0usize..4, step)
+    }
+
     proptest! {
-        /// Members act one at a time, in any order, each on the members it
-        /// believes live: itself and every member still holding a remote
-        /// (a holder's Lease has not expired: it renews, or fences itself
-        /// first), plus any others. Acting, a member gives up what the new
-        /// members take from it, publishes them as its view, and takes what
-        /// the plan lets it. No remote is ever held twice.
+        /// Members act in any order, and a list and the write and take that
+        /// follow it are two steps, with others' steps between: what a
+        /// member acts on may be stale. A joining member counts no member
+        /// and takes nothing. No remote is ever held twice.
         #[test]
-        fn no_remote_is_ever_held_twice(
-            steps in proptest::collection::vec((0usize..4, proptest::collection::btree_set(0usize..4, 0..4)), 1..40),
-        ) {
+        fn no_remote_is_ever_held_twice(steps in proptest::collection::vec(step(), 1..80)) {
             let name = |i: usize| format!("m{i}");
-            let keys = keys(60);
+            let keys = keys(40);
             let mut views: Vec<BTreeSet<String>> = vec![BTreeSet::new(); 4];
             let mut held: Vec<BTreeSet<String>> = vec![BTreeSet::new(); 4];
-            for (me, believed) in steps {
-                let live: BTreeSet<usize> = believed
-                    .into_iter()
-                    .chain([me])
-                    .chain((0..4).filter(|&i| !held[i].is_empty()))
-                    .collect();
-                let members: BTreeSet<String> = live.iter().map(|&i| name(i)).collect();
-                held[me].retain(|k| owner(k, members.iter().map(String::as_str)) == Some(name(me).as_str()));
-                views[me] = members;
-                let seen: Vec<Member> = live
-                    .iter()
-                    .map(|&i| Member { identity: name(i), view: views[i].clone() })
-                    .collect();
-                let plan = plan(&name(me), keys.iter().map(String::as_str), &seen);
-                held[me].extend(plan.hold);
+            let mut full = [false; 4];
+            let mut read: Vec<Option<Vec<Member>>> = vec![None; 4];
+            for (me, step) in steps {
+                match step {
+                    Step::Read(believed) => {
+                        let live: BTreeSet<usize> = believed
+                            .into_iter()
+                            .chain([me])
+                            .chain((0..4).filter(|&i| !held[i].is_empty() || full[i]))
+                            .collect();
+                        read[me] = Some(
+                            live.iter()
+                                .filter(|&&i| i != me)
+                                .map(|&i| Member { identity: name(i), view: views[i].clone() })
+                                .collect(),
+                        );
+                    }
+                    Step::Act => {
+                        let Some(others) = read[me].take() else { continue };
+                        let members: BTreeSet<String> = if full[me] {
+                            others
+                                .iter()
+                                .filter(|m| !m.view.is_empty())
+                                .map(|m| m.identity.clone())
+                                .chain([name(me)])
+                                .collect()
+                        } else {
+                            BTreeSet::new()
+                        };
+                        held[me].retain(|k| owner(k, members.iter().map(String::as_str)) == Some(name(me).as_str()));
+                        let announced = std::mem::replace(&mut views[me], members.clone());
+                        if members != announced {
+                            continue;
+                        }
+                        let mut live = others;
+                        live.push(Member { identity: name(me), view: members });
+                        held[me].extend(plan(&name(me), keys.iter().map(String::as_str), &live).hold);
+                    }
+                    Step::Join => full[me] = true,
+                    Step::Lapse => {
+                        held[me].clear();
+                        full[me] = false;
+                        read[me] = None;
+                    }
+                }
                 for key in &keys {
                     let holders = held.iter().filter(|h| h.contains(key)).count();
                     prop_assert!(holders <= 1, "{key} held by {holders}");

@@ -3,6 +3,9 @@
 // Each test file compiles this module on its own and uses part of it.
 #![allow(dead_code)]
 
+pub(crate) mod relay;
+pub(crate) mod witness;
+
 use std::fmt::Write as _;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -83,6 +86,15 @@ pub(crate) async fn probes(server: &ApiServer, n: u64) {
         assert!(begun.elapsed() < DEADLINE, "the remote is not being probed");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// The tether binary under test: this build's, or the one
+/// `TETHER_UNDER_TEST` names, so that one test can measure an older build
+/// ("before") beside this one ("after"); see docs/testkit.md.
+pub(crate) fn binary() -> std::ffi::OsString {
+    std::env::var_os("TETHER_UNDER_TEST")
+        .filter(|b| !b.is_empty())
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_tether").into())
 }
 
 pub(crate) struct Tether {
@@ -173,6 +185,8 @@ pub(crate) struct Shape<'a> {
     pub(crate) extra: &'a str,
     /// `admin.drainWindow`; by default 1s.
     pub(crate) drain_window: Option<&'a str>,
+    /// Set in tether's environment, e.g. `POD_NAME`.
+    pub(crate) env: &'a [(&'a str, &'a str)],
 }
 
 /// The test config (interval 1s, timeout 500ms, threshold 3, no jitter,
@@ -246,11 +260,12 @@ impl Tether {
             config_yaml_with(dir.path(), &admin, remotes, shape),
         )
         .expect("config");
+        let binary = binary();
         let mut command = match (shape.ulimit, shape.wrap) {
-            (None, []) => Command::new(env!("CARGO_BIN_EXE_tether")),
+            (None, []) => Command::new(&binary),
             (None, [wrapper, args @ ..]) => {
                 let mut command = Command::new(wrapper);
-                command.args(args).arg(env!("CARGO_BIN_EXE_tether"));
+                command.args(args).arg(&binary);
                 command
             }
             (Some(limit), _) => {
@@ -258,7 +273,7 @@ impl Tether {
                 command
                     .arg("-c")
                     .arg(format!("ulimit {limit} && exec \"$0\" \"$@\""))
-                    .arg(env!("CARGO_BIN_EXE_tether"));
+                    .arg(&binary);
                 command
             }
         };
@@ -267,7 +282,9 @@ impl Tether {
             .arg("run")
             .arg("--config")
             .arg(&config)
-            .env("RUST_LOG", "info,kube_client::client::builder=off")
+            // The shipped default filter, not the developer's.
+            .env_remove("RUST_LOG")
+            .envs(shape.env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
@@ -461,6 +478,7 @@ pub(crate) async fn start_in_process_with(
         resolved.push(ResolvedRemote {
             name: (*name).to_owned(),
             required: *required,
+            source: tether::config::RemoteSource::Inferred,
             config: config_of(server).await.into(),
         });
     }

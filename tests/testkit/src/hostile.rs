@@ -29,7 +29,14 @@ pub enum Hostility {
     Stall,
     /// Every connection gets bytes that are not HTTP, then is closed.
     Garbage,
+    /// `/readyz` answers 200; every other path `403` with a `Status` whose
+    /// message starts with a line break and a forged log line, then runs
+    /// on for 4 MiB.
+    ForgedStatus,
 }
+
+/// The log line a [`Hostility::ForgedStatus`] message tries to forge.
+pub const FORGED_LINE: &str = "2026-01-01T00:00:00.000000Z ERROR tether: FORGED by the remote";
 
 /// A running hostile server.
 #[derive(Debug)]
@@ -177,7 +184,9 @@ async fn serve(mut stream: TcpStream, hostility: Hostility) {
                     return;
                 }
             }
-            Hostility::EndlessList | Hostility::EndlessWatchEvent if path == "/readyz" => {
+            Hostility::EndlessList | Hostility::EndlessWatchEvent | Hostility::ForgedStatus
+                if path == "/readyz" =>
+            {
                 if stream.write_all(ok.as_bytes()).await.is_err() {
                     return;
                 }
@@ -202,6 +211,17 @@ async fn serve(mut stream: TcpStream, hostility: Hostility) {
                     .await
                     .is_err()
                 {
+                    return;
+                }
+            }
+            Hostility::ForgedStatus => {
+                let message = format!("denied\n{FORGED_LINE}\n\u{1b}[2J{}", "x".repeat(4 << 20));
+                let status = serde_json::json!({
+                    "kind": "Status", "apiVersion": "v1", "metadata": {},
+                    "status": "Failure", "message": message, "reason": "Forbidden", "code": 403,
+                });
+                let answer = response("403 Forbidden", "application/json", &status.to_string());
+                if stream.write_all(answer.as_bytes()).await.is_err() {
                     return;
                 }
             }

@@ -63,7 +63,7 @@ mod write;
 
 pub use crate::control::serve_control;
 pub use crate::fault::{Fault, parse_duration};
-pub use crate::hostile::{HostileServer, Hostility};
+pub use crate::hostile::{FORGED_LINE, HostileServer, Hostility};
 pub use crate::kubeconfig::Kubeconfig;
 pub use crate::netns::TestHost;
 pub use crate::resource::Resource;

@@ -572,6 +572,15 @@ impl ApiServer {
             .map_err(|e| Error::Api(e.message))
     }
 
+    /// Makes the next `n` updates (PUT) of any object of `resource` lose a
+    /// race: just before each, another writer changes the object's
+    /// annotations, so the update, which carries the `resourceVersion` its
+    /// client read, gets `409 Conflict`, as a real apiserver answers when
+    /// two writers race. `u64::MAX` makes every update lose.
+    pub fn lose_updates(&self, resource: Resource, n: u64) {
+        self.shared.store.lose_updates(resource, n);
+    }
+
     /// Deletes an object; returns whether it existed.
     #[must_use = "a delete of an object that does not exist is usually a test bug"]
     pub fn delete(&self, resource: Resource, namespace: &str, name: &str) -> bool {

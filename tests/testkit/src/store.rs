@@ -109,6 +109,9 @@ pub(crate) struct WatchStart {
 pub(crate) struct Store {
     inner: Mutex<Inner>,
     events: broadcast::Sender<Arc<Event>>,
+    /// Updates still to lose a race, by resource: see
+    /// [`ApiServer::lose_updates`](crate::ApiServer::lose_updates).
+    races: Mutex<BTreeMap<Resource, u64>>,
 }
 
 /// Now, as the apiserver writes `metav1.Time`.
@@ -136,9 +139,33 @@ impl Store {
                 history: VecDeque::new(),
             }),
             events,
+            races: Mutex::new(BTreeMap::new()),
         };
         store.seed();
         store
+    }
+
+    /// Makes the next `n` updates of `resource` lose a race.
+    pub(crate) fn lose_updates(&self, resource: Resource, n: u64) {
+        self.races
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(resource, n);
+    }
+
+    /// Whether this update of `resource` loses a race; counts it.
+    pub(crate) fn loses_race(&self, resource: Resource) -> bool {
+        let mut races = self
+            .races
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match races.get_mut(&resource) {
+            Some(n) if *n > 0 => {
+                *n -= 1;
+                true
+            }
+            _ => false,
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {

@@ -213,6 +213,23 @@ impl<'a> WriteRequest<'a> {
                 "the name of the object does not match the name on the URL",
             ));
         }
+        if !self.dry_run && self.store.loses_race(self.resource) {
+            // Another writer got in first: it changed the object's
+            // annotations (as `kubectl annotate` does), so its
+            // resourceVersion is no longer the one this update carries.
+            self.commit(name, false, |existing| {
+                let mut current = existing
+                    .ok_or_else(|| ApiError::not_found(self.resource, name))?
+                    .clone();
+                let touched = current["metadata"]["annotations"]["testkit.tether.dev/touched"]
+                    .as_str()
+                    .and_then(|n| n.parse::<u64>().ok())
+                    .unwrap_or(0);
+                current["metadata"]["annotations"]["testkit.tether.dev/touched"] =
+                    Value::from((touched + 1).to_string());
+                Ok(Change::Put(current))
+            })?;
+        }
         let updated = self.commit(name, self.dry_run, |existing| {
             let current = existing.ok_or_else(|| ApiError::not_found(self.resource, name))?;
             managed::record_update(self.resource, Some(current), &mut object, &self.manager);
