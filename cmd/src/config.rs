@@ -1130,17 +1130,7 @@ impl Config {
     ///
     /// A [`ConfigError`] naming the file and the field.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-            file: file.clone(),
-            field: "(file)".to_owned(),
-            message: format!("cannot read it: {e}"),
-        })?;
-        let base = path.parent().unwrap_or_else(|| Path::new("."));
-        Self::parse_as(&text, &file, base, None).map(|(mut config, _)| {
-            config.file = Some(path.to_owned());
-            config
-        })
+        Self::read(path, None).map(|(config, _)| config)
     }
 
     /// Reads and validates `path` again, for a reload of `running`. The
@@ -1154,6 +1144,11 @@ impl Config {
     ///
     /// A [`ConfigError`] naming the file and the field.
     pub fn reload(path: &Path, running: &Self) -> Result<(Self, Vec<&'static str>), ConfigError> {
+        Self::read(path, Some(running))
+    }
+
+    /// Reads `path` and parses it as [`parse_as`](Self::parse_as) does.
+    fn read(path: &Path, running: Option<&Self>) -> Result<(Self, Vec<&'static str>), ConfigError> {
         let file = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
             file: file.clone(),
@@ -1161,7 +1156,7 @@ impl Config {
             message: format!("cannot read it: {e}"),
         })?;
         let base = path.parent().unwrap_or_else(|| Path::new("."));
-        Self::parse_as(&text, &file, base, Some(running)).map(|(mut config, restart)| {
+        Self::parse_as(&text, &file, base, running).map(|(mut config, restart)| {
             config.file = Some(path.to_owned());
             (config, restart)
         })

@@ -12,8 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::relay::{Path, Relay};
 use common::witness::{Witness, overlap};
-use common::{DEADLINE, Shape, Tether, remote};
-use k8s_openapi::api::coordination::v1::Lease;
+use common::{DEADLINE, Shape, Tether, lease, remote};
 use tether_testkit::ApiServer;
 
 const LEASE_DURATION: Duration = Duration::from_secs(3);
@@ -114,20 +113,6 @@ async fn sees_holder(replica: &Replica, holder: &str) {
     }
 }
 
-async fn lease(server: &ApiServer) -> Lease {
-    let kubeconfig =
-        kube::config::Kubeconfig::from_yaml(&server.kubeconfig().to_yaml()).expect("valid");
-    let config = kube::Config::from_custom_kubeconfig(
-        kubeconfig,
-        &kube::config::KubeConfigOptions::default(),
-    )
-    .await
-    .expect("resolves");
-    let leases: kube::Api<Lease> =
-        kube::Api::namespaced(kube::Client::try_from(config).expect("client"), "default");
-    leases.get("tether").await.expect("the Lease exists")
-}
-
 fn stats(mut samples: Vec<Duration>) -> (Duration, Duration) {
     samples.sort();
     (samples[samples.len() / 2], samples[samples.len() - 1])
@@ -151,7 +136,11 @@ async fn three_replicas_started_at_once_elect_exactly_one_and_followers_stand_by
             "the leadership moved"
         );
     }
-    let held = lease(&server).await.spec.expect("spec");
+    let held = lease(&server, "tether")
+        .await
+        .expect("the Lease exists")
+        .spec
+        .expect("spec");
     assert_eq!(
         held.holder_identity.as_deref(),
         Some(replicas[leader].id.as_str())
@@ -217,7 +206,11 @@ async fn failovers(signal: &str) -> Vec<Duration> {
         sees_holder(&fresh, &replicas[new].id).await;
         replicas.push(fresh);
     }
-    let transitions = lease(&server).await.spec.and_then(|s| s.lease_transitions);
+    let transitions = lease(&server, "tether")
+        .await
+        .expect("the Lease exists")
+        .spec
+        .and_then(|s| s.lease_transitions);
     assert_eq!(
         transitions,
         Some(i32::try_from(TRIALS).expect("small")),

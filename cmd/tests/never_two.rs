@@ -20,8 +20,7 @@ use std::time::{Duration, Instant};
 
 use common::relay::{Path, Relay};
 use common::witness::{Sampler, Samples, Witness, a_remote_twice, two_replicas};
-use common::{DEADLINE, Shape, Tether, remote};
-use k8s_openapi::api::coordination::v1::Lease;
+use common::{DEADLINE, Shape, Tether, lease, remote};
 use serde_json::Value;
 use tether_testkit::{ApiServer, Options, Resource};
 
@@ -116,20 +115,6 @@ fn report(what: &str, trials: usize, samples: &Samples, two: usize) {
         "{what}: {trials} trials; two managers in {two} of {} samples",
         samples.len()
     );
-}
-
-async fn lease_of(server: &ApiServer, name: &str) -> Option<Lease> {
-    let kubeconfig =
-        kube::config::Kubeconfig::from_yaml(&server.kubeconfig().to_yaml()).expect("valid");
-    let config = kube::Config::from_custom_kubeconfig(
-        kubeconfig,
-        &kube::config::KubeConfigOptions::default(),
-    )
-    .await
-    .expect("resolves");
-    let leases: kube::Api<Lease> =
-        kube::Api::namespaced(kube::Client::try_from(config).expect("client"), "default");
-    leases.get_opt(name).await.expect("the apiserver answers")
 }
 
 /// 1. A lease duration that a Lease cannot store is refused, with exit 2
@@ -829,7 +814,7 @@ async fn a_conflict_on_renewal_is_a_failed_try_not_a_lost_lease() {
     })
     .await;
     let renewed = async || {
-        lease_of(&server, "w409")
+        lease(&server, "w409")
             .await
             .and_then(|l| l.spec)
             .and_then(|s| s.renew_time)

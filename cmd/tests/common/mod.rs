@@ -443,6 +443,18 @@ pub(crate) struct InProcess {
     pub(crate) registry: prometheus::Registry,
 }
 
+/// The Lease `name` in `server`'s `default` namespace, as a client reads it.
+pub(crate) async fn lease(
+    server: &ApiServer,
+    name: &str,
+) -> Option<k8s_openapi::api::coordination::v1::Lease> {
+    let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> = kube::Api::namespaced(
+        kube::Client::try_from(config_of(server).await).expect("client"),
+        "default",
+    );
+    leases.get_opt(name).await.expect("the apiserver answers")
+}
+
 async fn config_of(server: &ApiServer) -> kube::Config {
     let kubeconfig =
         kube::config::Kubeconfig::from_yaml(&server.kubeconfig().to_yaml()).expect("kubeconfig");
