@@ -521,6 +521,43 @@ async fn as_pid_1_tether_leaves_a_credential_plugins_exit_to_its_caller() {
     assert!(!logs.contains("No child processes"), "{logs}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn as_pid_1_tether_warns_of_a_process_that_left_the_managers_group() {
+    assert!(
+        rustix::process::getuid().is_root(),
+        "this test needs root, for a PID namespace (CI runs as root)"
+    );
+    let server = remote("a", false).await;
+    // A subshell starts a process in a session of its own and exits: the
+    // process is reparented to tether, outside the group tether stops.
+    let tether = Tether::start(
+        &[("a", &server)],
+        &[],
+        &Shape {
+            manager: Some(&exec(
+                "[sh, -c, \"(setsid sleep 30 &); exec sleep 1000\"]",
+                "",
+            )),
+            wrap: &["unshare", "--pid", "--fork", "--kill-child", "--mount-proc"],
+            ..Shape::default()
+        },
+    );
+    let started = Instant::now();
+    while !tether
+        .logs()
+        .contains("a process left the manager's process group")
+    {
+        assert!(
+            started.elapsed() < DEADLINE,
+            "no warning; logs:\n{}",
+            tether.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let logs = tether.logs();
+    assert!(logs.contains("process=sleep"), "{logs}");
+}
+
 /// The children of `parent`, from `/proc`.
 fn children(parent: u32) -> Vec<u32> {
     std::fs::read_dir("/proc")
