@@ -1499,6 +1499,87 @@ mod tests {
         assert_eq!(config.watch[0].resource_label(), "namespaces");
     }
 
+    const ELECTION: &str = "leaderElection: {enabled: true, leaseNamespace: default, leaseDuration: 3s, renewDeadline: 2s, retryPeriod: 500ms}\n";
+
+    #[test]
+    fn a_lease_duration_is_whole_seconds_or_an_error_naming_the_field() {
+        for bad in ["900ms", "1.5s", "2500ms"] {
+            let err = parse(&format!(
+                "{REMOTE}leaderElection: {{enabled: true, leaseDuration: {bad}, renewDeadline: 500ms, retryPeriod: 100ms}}\n"
+            ))
+            .expect_err(bad);
+            assert_eq!(err.field, "leaderElection.leaseDuration", "{err}");
+            assert!(
+                err.message
+                    .starts_with(&format!("{bad} is not a whole number of seconds")),
+                "{err}"
+            );
+        }
+        let config = parse(&format!("{REMOTE}{ELECTION}")).expect("valid");
+        let election = config.leader_election.expect("on");
+        assert_eq!(election.lease_duration.wire(), 3);
+        assert_eq!(election.fence_margin(), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn a_reload_checks_the_grace_period_against_the_running_election() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("t.yaml");
+        let write = |text: &str| std::fs::write(&path, text).expect("write");
+        let manager =
+            |grace: &str| format!("manager: {{exec: {{command: [x], gracePeriod: {grace}}}}}\n");
+        write(&format!("{REMOTE}{ELECTION}{}", manager("1s")));
+        let running = Config::load(&path).expect("valid");
+        // The file now fits a 4s grace in a 10s lease: the running one, 3s,
+        // keeps running, and its fence is 1s.
+        write(&format!(
+            "{REMOTE}leaderElection: {{enabled: true, leaseNamespace: default, leaseDuration: 10s, renewDeadline: 2s, retryPeriod: 500ms}}\n{}",
+            manager("4s")
+        ));
+        assert!(Config::load(&path).is_ok(), "the file alone is valid");
+        let err = Config::reload(&path, &running).expect_err("past the running fence");
+        assert_eq!(err.field, "manager.exec.gracePeriod", "{err}");
+        assert!(
+            err.message.contains("running election") && err.message.contains("(1s)"),
+            "{err}"
+        );
+        // Within the running fence, it is applied, with the election as it
+        // runs, and the section named as waiting for a restart.
+        write(&format!(
+            "{REMOTE}leaderElection: {{enabled: true, leaseNamespace: default, leaseDuration: 10s, renewDeadline: 2s, retryPeriod: 500ms}}\n{}",
+            manager("800ms")
+        ));
+        let (next, restart) = Config::reload(&path, &running).expect("fits");
+        assert_eq!(next.leader_election, running.leader_election);
+        assert_eq!(restart, vec!["leaderElection"]);
+        assert_eq!(
+            next.exec.expect("exec").grace_period,
+            Duration::from_millis(800)
+        );
+    }
+
+    #[test]
+    fn an_identity_must_fit_a_shard_leases_name() {
+        let err = parse(&format!(
+            "{REMOTE}leaderElection: {{enabled: true, identity: Pod_A}}\nsharding: {{enabled: true}}\n"
+        ))
+        .expect_err("not a Lease name");
+        assert_eq!(err.field, "leaderElection.identity", "{err}");
+        // Without sharding, any name without control characters will do,
+        // as client-go takes it.
+        assert!(
+            parse(&format!(
+                "{REMOTE}leaderElection: {{enabled: true, identity: Pod_A}}\n"
+            ))
+            .is_ok()
+        );
+        let err = parse(&format!(
+            "{REMOTE}leaderElection: {{enabled: true, leaseName: a_b}}\n"
+        ))
+        .expect_err("not a Lease name");
+        assert_eq!(err.field, "leaderElection.leaseName", "{err}");
+    }
+
     #[test]
     fn an_explicit_empty_watch_list_watches_nothing() {
         let config = Config::parse(
