@@ -41,7 +41,6 @@ pub(crate) struct Alive {
 #[derive(Debug)]
 pub(crate) struct Run {
     pub(crate) replica: String,
-    pub(crate) remotes: BTreeSet<String>,
     pub(crate) start: u128,
     pub(crate) stop: Option<u128>,
 }
@@ -90,10 +89,6 @@ impl Witness {
             match *what {
                 "start" => runs.push(Run {
                     replica: (*replica).to_owned(),
-                    remotes: fields
-                        .get(3)
-                        .map(|r| r.split(',').map(str::to_owned).collect())
-                        .unwrap_or_default(),
                     start: at,
                     stop: None,
                 }),
