@@ -52,6 +52,7 @@ mod netns;
 mod patch;
 pub mod procfs;
 mod proto;
+mod real;
 mod resource;
 mod selector;
 mod server;
@@ -66,6 +67,7 @@ pub use crate::fault::{Fault, parse_duration};
 pub use crate::hostile::{FORGED_LINE, HostileServer, Hostility};
 pub use crate::kubeconfig::Kubeconfig;
 pub use crate::netns::TestHost;
+pub use crate::real::{ControlPlane, RealOptions, peer, peers_dir};
 pub use crate::resource::Resource;
 pub use crate::selector::check_label_selector;
 pub use crate::server::{ApiServer, Options, Requests, Restart, Stats};
@@ -112,3 +114,31 @@ pub enum Error {
 
 /// The result type of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What a test needs of an apiserver to point a client at it, simulated
+/// ([`ApiServer`]) or real ([`ControlPlane`]), so one test body can meet
+/// both.
+pub trait Cluster {
+    /// The address clients connect to.
+    fn addr(&self) -> std::net::SocketAddr;
+    /// A kubeconfig for a client with every right.
+    fn kubeconfig(&self) -> Kubeconfig;
+}
+
+impl Cluster for ApiServer {
+    fn addr(&self) -> std::net::SocketAddr {
+        ApiServer::addr(self)
+    }
+    fn kubeconfig(&self) -> Kubeconfig {
+        ApiServer::kubeconfig(self)
+    }
+}
+
+impl Cluster for ControlPlane {
+    fn addr(&self) -> std::net::SocketAddr {
+        ControlPlane::addr(self)
+    }
+    fn kubeconfig(&self) -> Kubeconfig {
+        ControlPlane::kubeconfig(self)
+    }
+}

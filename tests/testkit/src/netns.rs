@@ -29,6 +29,7 @@ pub struct TestHost {
     namespace: String,
     veth: String,
     addr: Ipv4Addr,
+    host_addr: Ipv4Addr,
 }
 
 fn run(program: &str, args: &[&str]) -> Result<()> {
@@ -96,6 +97,7 @@ impl TestHost {
             namespace,
             veth,
             addr,
+            host_addr,
         };
         let ns = host.namespace.as_str();
         run(
@@ -138,6 +140,12 @@ impl TestHost {
     #[must_use]
     pub fn addr(&self) -> Ipv4Addr {
         self.addr
+    }
+
+    /// The machine's end of the veth pair, reachable from the namespace.
+    #[must_use]
+    pub fn host_addr(&self) -> Ipv4Addr {
+        self.host_addr
     }
 
     /// The namespace's name.
