@@ -429,7 +429,18 @@ fn list(
     let (items, rv) = shared
         .store()
         .list(resource, filter.namespace.as_deref(), after_ref);
-    let mut items: Vec<Value> = items.into_iter().filter(|o| filter.matches(o)).collect();
+    let mut items: Vec<Value> = items
+        .into_iter()
+        .filter(|o| filter.matches(o))
+        .map(|mut o| {
+            // A list's items carry no kind or apiVersion of their own.
+            if let Some(map) = o.as_object_mut() {
+                map.remove("kind");
+                map.remove("apiVersion");
+            }
+            o
+        })
+        .collect();
     let rv = list_rv.unwrap_or(rv);
     let limit = params
         .get("limit")

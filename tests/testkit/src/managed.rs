@@ -71,7 +71,10 @@ fn is_struct(path: &[String]) -> bool {
     matches!(path, [] | [_]) && path.first().is_none_or(|p| p == "metadata" || p == "spec")
 }
 
-fn to_fields_v1(fields: &BTreeSet<Path>) -> Value {
+/// The `fieldsV1` of a field set. An update owns each map it wrote into as
+/// well as its keys, marked `.`; an apply owns only the leaves it named, as
+/// the real apiserver records them.
+fn to_fields_v1(fields: &BTreeSet<Path>, owns_maps: bool) -> Value {
     let mut root = Map::new();
     for path in fields {
         let mut node = &mut root;
@@ -80,7 +83,7 @@ fn to_fields_v1(fields: &BTreeSet<Path>) -> Value {
                 .entry(format!("f:{key}"))
                 .or_insert_with(|| Value::Object(Map::new()));
             let child = child.as_object_mut().expect("every node is an object");
-            if depth + 1 < path.len() && !is_struct(&path[..=depth]) {
+            if owns_maps && depth + 1 < path.len() && !is_struct(&path[..=depth]) {
                 child.insert(".".to_owned(), json!({}));
             }
             node = child;
@@ -157,7 +160,7 @@ fn set_entries(object: &mut Value, resource: Resource, entries: Vec<Entry>) {
                 "apiVersion": resource.api_version(),
                 "time": e.time,
                 "fieldsType": "FieldsV1",
-                "fieldsV1": to_fields_v1(&e.fields),
+                "fieldsV1": to_fields_v1(&e.fields, !e.apply),
             })
         })
         .collect();

@@ -60,6 +60,12 @@ impl Resource {
         }
     }
 
+    /// Whether an update may leave out `metadata.resourceVersion`: the
+    /// real registry's `AllowUnconditionalUpdate`, false for Leases.
+    pub(crate) const fn allows_unconditional_update(self) -> bool {
+        !matches!(self, Self::Lease)
+    }
+
     /// The plural name used in paths.
     #[must_use]
     pub const fn plural(self) -> &'static str {

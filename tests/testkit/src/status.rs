@@ -42,6 +42,18 @@ impl ApiError {
         self.with_details(details)
     }
 
+    /// Adds a cause to the `details`, as validation errors carry them.
+    #[must_use]
+    pub(crate) fn with_cause(mut self, field: &str, reason: &str, message: &str) -> Self {
+        let details = self.details.get_or_insert_with(|| json!({}));
+        let cause = json!({"reason": reason, "message": message, "field": field});
+        match details["causes"].as_array_mut() {
+            Some(causes) => causes.push(cause),
+            None => details["causes"] = json!([cause]),
+        }
+        self
+    }
+
     pub(crate) fn bad_request(message: impl Into<String>) -> Self {
         Self::new(400, "BadRequest", message)
     }

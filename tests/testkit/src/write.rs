@@ -213,6 +213,22 @@ impl<'a> WriteRequest<'a> {
                 "the name of the object does not match the name on the URL",
             ));
         }
+        if !self.resource.allows_unconditional_update()
+            && object["metadata"]["resourceVersion"]
+                .as_str()
+                .is_none_or(str::is_empty)
+        {
+            return Err(ApiError::new(
+                422,
+                "Invalid",
+                format!(
+                    "{} \"{name}\" is invalid: metadata.resourceVersion: Invalid value: 0x0: must be specified for an update",
+                    self.resource.kind()
+                ),
+            )
+            .about(self.resource, name)
+            .with_cause("metadata.resourceVersion", "FieldValueInvalid", "Invalid value: 0x0: must be specified for an update"));
+        }
         if !self.dry_run && self.store.loses_race(self.resource) {
             // Another writer got in first: it changed the object's
             // annotations (as `kubectl annotate` does), so its
@@ -340,11 +356,16 @@ impl<'a> WriteRequest<'a> {
                 let want = options["preconditions"][field].as_str();
                 let have = current["metadata"][field].as_str().unwrap_or("");
                 if let Some(want) = want.filter(|w| *w != have) {
-                    return Err(ApiError::conflict(
+                    // The registry names the kind here, not the resource.
+                    let mut error = ApiError::conflict(
                         self.resource,
                         name,
                         &format!("Precondition failed: {label} in precondition: {want}, {label} in object meta: {have}"),
-                    ));
+                    );
+                    if let Some(details) = error.details.as_mut() {
+                        details["kind"] = Value::from(self.resource.kind());
+                    }
+                    return Err(error);
                 }
             }
             Ok(Change::Delete)
