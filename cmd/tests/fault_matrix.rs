@@ -16,27 +16,12 @@ use std::time::Duration;
 
 mod common;
 
+use common::matrix::{
+    INTERVAL, THRESHOLD, TIMEOUT, detection_bound, reachable, reload_kubeconfig, within,
+};
 use common::{DEADLINE, Shape, Tether, probes, remote};
 use tether_testkit::{ApiServer, Fault, Options, Resource, Restart, TestHost};
 use tokio::time::Instant;
-
-const INTERVAL: Duration = Duration::from_secs(1);
-const TIMEOUT: Duration = Duration::from_millis(500);
-const THRESHOLD: u32 = 3;
-
-/// The longest a loss may take to show: the fault can strike just after a
-/// probe, then `THRESHOLD` probes each up to their deadline; doubled for a
-/// loaded CI machine and the metrics poll.
-fn detection_bound() -> Duration {
-    (INTERVAL * THRESHOLD + TIMEOUT) * 2
-}
-
-fn reachable(server: &ApiServer, name: &str) -> String {
-    format!(
-        "tether_remote_apiserver_reachable{{host=\"{}\",remote=\"{name}\"}}",
-        server.addr()
-    )
-}
 
 async fn three(tls_b: bool) -> (ApiServer, ApiServer, ApiServer) {
     (
@@ -44,31 +29,6 @@ async fn three(tls_b: bool) -> (ApiServer, ApiServer, ApiServer) {
         remote("b", tls_b).await,
         remote("c", false).await,
     )
-}
-
-/// Waits until `series` reads `want`, within `bound` of `since`.
-async fn within(tether: &Tether, series: &str, want: f64, since: Instant, bound: Duration) {
-    loop {
-        if tether.metric(series).await == Some(want) {
-            return;
-        }
-        assert!(
-            since.elapsed() < bound,
-            "{series} did not reach {want} within {bound:?}; logs:\n{}",
-            tether.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-async fn last_cause(tether: &Tether, name: &str) -> Option<String> {
-    let (_, body) = tether.get("/status.json").await?;
-    let status: serde_json::Value = serde_json::from_str(&body).ok()?;
-    status["remotes"]
-        .as_array()?
-        .iter()
-        .find(|r| r["name"] == name)
-        .and_then(|r| r["lastCause"].as_str().map(str::to_owned))
 }
 
 /// A lost remote: unreachable within the bound, one `remote_lost` cycle,
@@ -86,7 +46,7 @@ async fn lost_exactly_once(fault: Fault, cause: &str) -> (Tether, [ApiServer; 3]
         })
         .await;
     assert_eq!(
-        last_cause(&tether, "b").await.as_deref(),
+        tether.last_cause("b").await.as_deref(),
         Some(cause),
         "{fault}"
     );
@@ -181,7 +141,7 @@ async fn a_listed_503_is_lost() {
     .await
     .expect("503");
     within(&tether, &reachable(&b, "b"), 0.0, struck, detection_bound()).await;
-    assert_eq!(last_cause(&tether, "b").await.as_deref(), Some("status"));
+    assert_eq!(tether.last_cause("b").await.as_deref(), Some("status"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -291,22 +251,12 @@ async fn a_new_ca_is_lost_as_tls_and_back_after_the_kubeconfig_is_updated() {
     let struck = Instant::now();
     b.set_fault(Fault::TlsMismatch).await.expect("mismatch");
     within(&tether, &reachable(&b, "b"), 0.0, struck, detection_bound()).await;
-    assert_eq!(last_cause(&tether, "b").await.as_deref(), Some("tls"));
+    assert_eq!(tether.last_cause("b").await.as_deref(), Some("tls"));
 
     // The cluster was recreated: a new CA and token. The operator updates
     // the kubeconfig and tether reloads.
     b.restart(Restart::Recreated).await.expect("recreate");
-    tether.write_kubeconfig("b", &b);
-    tether.signal("HUP");
-    let reloaded = Instant::now();
-    within(
-        &tether,
-        &reachable(&b, "b"),
-        1.0,
-        reloaded,
-        detection_bound(),
-    )
-    .await;
+    reload_kubeconfig(&tether, "b", &b).await;
     tether.until_ready(true).await;
 }
 
@@ -359,7 +309,7 @@ async fn refuse_new_is_lost_within_the_bound_of_the_managers_first_failed_reconn
         "took {took:?}, over {bound:?}; logs:\n{}",
         tether.logs()
     );
-    assert_eq!(last_cause(&tether, "b").await.as_deref(), Some("refused"));
+    assert_eq!(tether.last_cause("b").await.as_deref(), Some("refused"));
     tether
         .still_lost_once("b", 6, "refuse_new: rebuilt again")
         .await;
@@ -400,7 +350,7 @@ async fn refuse_new_without_a_manager_is_lost_once_the_kept_connection_ages_out(
     println!(
         "refuse_new, no manager: unreachable {took:?} after the fault (maxConnectionAge {max_age:?})"
     );
-    assert_eq!(last_cause(&tether, "b").await.as_deref(), Some("refused"));
+    assert_eq!(tether.last_cause("b").await.as_deref(), Some("refused"));
     assert_eq!(
         b.stats().open_connections,
         0,
@@ -530,7 +480,7 @@ async fn a_blackholed_remote_is_lost_as_timeout_and_the_admin_server_stays_fast(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(slowest < TIMEOUT, "the admin server took {slowest:?}");
-    assert_eq!(last_cause(&tether, "b").await.as_deref(), Some("timeout"));
+    assert_eq!(tether.last_cause("b").await.as_deref(), Some("timeout"));
     tether
         .until_metric("tether_cycles_total{cause=\"remote_lost\"}", "1", |v| {
             v == 1.0

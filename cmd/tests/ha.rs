@@ -1,7 +1,9 @@
-//! Several replicas: leader election on a Lease held by one simulated
-//! apiserver, three tether processes, each reaching the Lease through a
-//! relay of its own, so that one replica can be partitioned from it while
-//! the others still reach it.
+//! Several replicas: leader election on a Lease held by one apiserver,
+//! three tether processes, each reaching the Lease through a relay of its
+//! own, so that one replica can be partitioned from it while the others
+//! still reach it. Each test runs on the simulated apiserver, and again on a
+//! real kube-apiserver (`scripts/peers`), where the Lease is a real
+//! `coordination.k8s.io/v1` object.
 
 // Real processes and sockets: bounded polls on the real clock.
 #![allow(clippy::disallowed_methods)]
@@ -13,12 +15,21 @@ use std::time::{Duration, Instant};
 use common::relay::{Path, Relay};
 use common::witness::{Witness, overlap};
 use common::{DEADLINE, Shape, Tether, lease, remote};
-use tether_testkit::ApiServer;
+use tether_testkit::{Cluster, ControlPlane, RealOptions};
 
 const LEASE_DURATION: Duration = Duration::from_secs(3);
 const RENEW_DEADLINE: Duration = Duration::from_secs(2);
 const RETRY_PERIOD: Duration = Duration::from_millis(500);
+/// Trials on the simulated apiserver; the real one, slower to start a
+/// replica against, runs fewer.
 const TRIALS: usize = 20;
+const REAL_TRIALS: usize = 6;
+
+async fn real(name: &str) -> ControlPlane {
+    ControlPlane::start(RealOptions::default().name(name))
+        .await
+        .unwrap_or_else(|err| panic!("the real control plane starts: {err}"))
+}
 
 /// One replica: a tether process and its relay.
 struct Replica {
@@ -30,7 +41,7 @@ struct Replica {
 }
 
 /// A replica running `manager` (a `manager:` section, or the built-in one).
-async fn replica(id: &str, server: &ApiServer, manager: Option<&str>) -> Replica {
+async fn replica(id: &str, server: &impl Cluster, manager: Option<&str>) -> Replica {
     let relay = Relay::start(server.addr()).await;
     let mut kubeconfig = server.kubeconfig();
     kubeconfig.server = format!("https://{}", relay.addr);
@@ -120,11 +131,61 @@ fn stats(mut samples: Vec<Duration>) -> (Duration, Duration) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_replicas_started_at_once_elect_exactly_one_and_followers_stand_by() {
-    let server = remote("lease", true).await;
+    elect_exactly_one(&remote("lease", true).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_real_lease_three_replicas_elect_exactly_one_and_write_what_client_go_writes() {
+    let server = real("lease").await;
+    elect_exactly_one(&server).await;
+    // What kubectl shows of the real object: the fields client-go's
+    // LeaseLock writes, in the formats the apiserver stores.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    server.kubeconfig().write(&kubeconfig).expect("kubeconfig");
+    let out = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(["get", "lease", "tether", "-n", "default", "-o", "yaml"])
+        .output()
+        .expect("kubectl runs");
+    let yaml = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("the real Lease, as kubectl shows it:\n{yaml}");
+    for field in [
+        "apiVersion: coordination.k8s.io/v1",
+        "kind: Lease",
+        "holderIdentity: r",
+        "leaseDurationSeconds: 3",
+        "leaseTransitions: 0",
+        "acquireTime: \"",
+        "renewTime: \"",
+        "resourceVersion: \"",
+    ] {
+        assert!(yaml.contains(field), "no `{field}` in:\n{yaml}");
+    }
+    // MicroTime: RFC 3339 with six fractional digits, in UTC.
+    let renew = yaml
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("renewTime: "))
+        .expect("renewTime")
+        .trim_matches('"');
+    let fraction = renew
+        .split_once('.')
+        .and_then(|(_, f)| f.strip_suffix('Z'))
+        .expect("fractional seconds, in UTC");
+    assert_eq!(fraction.len(), 6, "{renew}");
+}
+
+async fn elect_exactly_one(server: &impl Cluster) {
     let replicas = vec![
-        replica("r0", &server, None).await,
-        replica("r1", &server, None).await,
-        replica("r2", &server, None).await,
+        replica("r0", server, None).await,
+        replica("r1", server, None).await,
+        replica("r2", server, None).await,
     ];
     let leader = one_leader_up(&replicas).await;
     // It stays that way: two leaseDurations with exactly one leader.
@@ -136,7 +197,7 @@ async fn three_replicas_started_at_once_elect_exactly_one_and_followers_stand_by
             "the leadership moved"
         );
     }
-    let held = lease(&server, "tether")
+    let held = lease(server, "tether")
         .await
         .expect("the Lease exists")
         .spec
@@ -182,15 +243,14 @@ async fn three_replicas_started_at_once_elect_exactly_one_and_followers_stand_by
     }
 }
 
-async fn failovers(signal: &str) -> Vec<Duration> {
-    let server = remote("lease", true).await;
+async fn failovers(server: &impl Cluster, signal: &str, trials: usize) -> Vec<Duration> {
     let mut replicas = vec![
-        replica("r0", &server, None).await,
-        replica("r1", &server, None).await,
-        replica("r2", &server, None).await,
+        replica("r0", server, None).await,
+        replica("r1", server, None).await,
+        replica("r2", server, None).await,
     ];
     let mut took = Vec::new();
-    for trial in 0..TRIALS {
+    for trial in 0..trials {
         let leader = one_leader_up(&replicas).await;
         let old = replicas.remove(leader);
         let asked = Instant::now();
@@ -202,60 +262,96 @@ async fn failovers(signal: &str) -> Vec<Duration> {
         // The replacement stands by, having seen the Lease held, before the
         // next trial: a replica that just started would take a released
         // Lease at its first try, and flatter the figure.
-        let fresh = replica(&format!("r{}", trial + 3), &server, None).await;
+        let fresh = replica(&format!("r{}", trial + 3), server, None).await;
         sees_holder(&fresh, &replicas[new].id).await;
         replicas.push(fresh);
     }
-    let transitions = lease(&server, "tether")
+    let transitions = lease(server, "tether")
         .await
         .expect("the Lease exists")
         .spec
         .and_then(|s| s.lease_transitions);
     assert_eq!(
         transitions,
-        Some(i32::try_from(TRIALS).expect("small")),
+        Some(i32::try_from(trials).expect("small")),
         "each failover is one transition of the Lease"
     );
     took
 }
 
+/// The bound on a failover after SIGKILL: the Lease must lapse.
+fn after_sigkill() -> Duration {
+    LEASE_DURATION + RETRY_PERIOD.mul_f64(1.2) + Duration::from_secs(2)
+}
+
+/// The bound on a failover after SIGTERM: the Lease was released.
+fn after_sigterm() -> Duration {
+    RETRY_PERIOD.mul_f64(1.2) + Duration::from_secs(2)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_sigkill_a_new_leader_is_up_within_lease_duration_and_retry_period() {
-    let took = failovers("KILL").await;
-    let (median, max) = stats(took);
-    println!(
-        "failover after SIGKILL of the leader, {TRIALS} trials: median {median:?}, max {max:?}"
-    );
-    let bound = LEASE_DURATION + RETRY_PERIOD.mul_f64(1.2) + Duration::from_secs(2);
-    assert!(max < bound, "a failover took {max:?}, over {bound:?}");
+    let server = remote("lease", true).await;
+    failovers_within(&server, "simulated", "KILL", TRIALS, after_sigkill()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_real_lease_after_sigkill_a_new_leader_is_up_within_lease_duration_and_retry_period() {
+    let server = real("lease").await;
+    failovers_within(&server, "real", "KILL", REAL_TRIALS, after_sigkill()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_sigterm_a_new_leader_is_up_within_the_retry_period() {
-    let took = failovers("TERM").await;
+    let server = remote("lease", true).await;
+    failovers_within(&server, "simulated", "TERM", TRIALS, after_sigterm()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_real_lease_after_sigterm_a_new_leader_is_up_within_the_retry_period() {
+    let server = real("lease").await;
+    failovers_within(&server, "real", "TERM", REAL_TRIALS, after_sigterm()).await;
+}
+
+/// `trials` failovers after `signal` to the leader, each under `bound`.
+async fn failovers_within(
+    server: &impl Cluster,
+    which: &str,
+    signal: &str,
+    trials: usize,
+    bound: Duration,
+) {
+    let took = failovers(server, signal, trials).await;
     let (median, max) = stats(took);
     println!(
-        "failover after SIGTERM of the leader, {TRIALS} trials: median {median:?}, max {max:?}"
+        "failover after SIG{signal} of the leader, {which} apiserver, {trials} trials: median {median:?}, max {max:?}"
     );
-    let bound = RETRY_PERIOD.mul_f64(1.2) + Duration::from_secs(2);
     assert!(
         max < bound,
-        "a failover took {max:?}, over {bound:?}: was the Lease released?"
+        "a failover took {max:?}, over {bound:?} (after SIGTERM: was the Lease released?)"
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partitioned_leader_stops_its_manager_before_another_starts() {
-    let server = remote("lease", true).await;
+    partitioned_leader(&remote("lease", true).await, "simulated", TRIALS).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_real_lease_a_partitioned_leader_stops_its_manager_before_another_starts() {
+    partitioned_leader(&real("lease").await, "real", REAL_TRIALS).await;
+}
+
+async fn partitioned_leader(server: &impl Cluster, which: &str, trials: usize) {
     let witness = Witness::new();
     let manager = |id: &str| witness.manager(id, "500ms", false);
     let replicas = vec![
-        replica("r0", &server, Some(&manager("r0"))).await,
-        replica("r1", &server, Some(&manager("r1"))).await,
-        replica("r2", &server, Some(&manager("r2"))).await,
+        replica("r0", server, Some(&manager("r0"))).await,
+        replica("r1", server, Some(&manager("r1"))).await,
+        replica("r2", server, Some(&manager("r2"))).await,
     ];
     let mut took = Vec::new();
-    for trial in 0..TRIALS {
+    for trial in 0..trials {
         let leader = one_leader_up(&replicas).await;
         let path = if trial % 2 == 0 {
             Path::Refuse
@@ -295,7 +391,7 @@ async fn a_partitioned_leader_stops_its_manager_before_another_starts() {
     let started = Instant::now();
     let runs = loop {
         let runs = witness.runs();
-        if runs.len() > TRIALS || started.elapsed() > DEADLINE {
+        if runs.len() > trials || started.elapsed() > DEADLINE {
             break runs;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -304,9 +400,9 @@ async fn a_partitioned_leader_stops_its_manager_before_another_starts() {
     let overlap = overlap(&runs);
     let (median, max) = stats(took);
     println!(
-        "partitioned leader, {TRIALS} trials (refuse and hang): a new leader up after median {median:?}, max {max:?}; {} manager runs; overlap {overlap:?}",
+        "partitioned leader, {which} apiserver, {trials} trials (refuse and hang): a new leader up after median {median:?}, max {max:?}; {} manager runs; overlap {overlap:?}",
         runs.len()
     );
-    assert!(runs.len() > TRIALS, "the witness saw every run: {log}");
+    assert!(runs.len() > trials, "the witness saw every run: {log}");
     assert_eq!(overlap, Duration::ZERO, "two managers ran at once:\n{log}");
 }

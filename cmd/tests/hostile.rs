@@ -13,22 +13,12 @@ mod common;
 use common::{DEADLINE, Shape, Tether, exec_kubeconfig, probes, remote};
 use tokio::time::Instant;
 
-/// The `remotes[]` entry of `name` in `/status.json`.
-async fn remote_status(tether: &Tether, name: &str) -> Option<serde_json::Value> {
-    let (_, body) = tether.get("/status.json").await?;
-    let status: serde_json::Value = serde_json::from_str(&body).ok()?;
-    status["remotes"]
-        .as_array()?
-        .iter()
-        .find(|r| r["name"] == name)
-        .cloned()
-}
-
 /// Polls `/status.json` until `name`'s local error satisfies `pred`.
 async fn until_local_error(tether: &Tether, name: &str, pred: impl Fn(&str) -> bool) -> String {
     let started = Instant::now();
     loop {
-        if let Some(error) = remote_status(tether, name)
+        if let Some(error) = tether
+            .remote_status(name)
             .await
             .and_then(|r| r["localError"].as_str().map(str::to_owned))
             && pred(&error)
@@ -339,7 +329,7 @@ async fn hostile_remotes_are_reported_and_cannot_eat_the_process() {
     );
     // Remotes that answer are reachable, however they answer.
     for name in ["endless-list", "endless-event", "huge-head"] {
-        let status = remote_status(&tether, name).await.expect("listed");
+        let status = tether.remote_status(name).await.expect("listed");
         assert_eq!(status["state"], "reachable", "{name}: {status}");
     }
     tether.until_ready(true).await;
@@ -548,7 +538,7 @@ async fn remotes_at_one_url_with_other_credentials_are_probed_apart() {
     );
     let error = until_local_error(&tether, "plugged", |e| e.contains("has not finished")).await;
     assert!(error.contains("exec credential plugin"), "{error}");
-    let plain = remote_status(&tether, "plain").await.expect("listed");
+    let plain = tether.remote_status("plain").await.expect("listed");
     assert_eq!(plain["state"], "reachable", "{plain}");
     assert!(plain["localError"].is_null(), "{plain}");
     tether.until_ready(true).await;

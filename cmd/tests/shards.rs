@@ -1,6 +1,6 @@
 //! Sharing the remotes among replicas: tether processes, each on a shard
-//! Lease of its own in one simulated apiserver, and thirty simulated
-//! remotes. Each replica reaches the remotes as a user of its own
+//! Lease of its own in one apiserver (simulated, and again a real
+//! kube-apiserver from `scripts/peers`), and thirty simulated remotes. Each replica reaches the remotes as a user of its own
 //! (`as:` in its kubeconfigs), so the remotes count who probes them.
 
 // Real processes and sockets: bounded polls on the real clock.
@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::{DEADLINE, Shape, Tether};
 use tether::lease::shard::owner;
-use tether_testkit::{ApiServer, Options};
+use tether_testkit::{ApiServer, Cluster, ControlPlane, Options, RealOptions};
 
 const LEASE_DURATION: Duration = Duration::from_secs(3);
 const RENEW_DEADLINE: Duration = Duration::from_secs(2);
@@ -49,7 +49,7 @@ struct Replica {
     _dir: tempfile::TempDir,
 }
 
-fn replica(id: &str, leases: &ApiServer, remotes: &[Remote]) -> Replica {
+fn replica(id: &str, leases: &impl Cluster, remotes: &[Remote]) -> Replica {
     let dir = tempfile::tempdir().expect("temp dir");
     let lease_kubeconfig = dir.path().join("leases.kubeconfig");
     leases
@@ -235,10 +235,41 @@ async fn replicas_share_the_remotes_and_a_loss_or_a_join_moves_only_what_it_must
     )
     .await
     .expect("the Leases' apiserver");
+    share_the_remotes(&leases).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_real_leases_replicas_share_the_remotes_and_a_loss_or_a_join_moves_only_what_it_must() {
+    let leases = ControlPlane::start(RealOptions::default().name("leases"))
+        .await
+        .unwrap_or_else(|err| panic!("the real control plane starts: {err}"));
+    share_the_remotes(&leases).await;
+    // The real apiserver holds the shard Leases tether wrote: the two
+    // members still running, with their holders.
+    let client = kube::Client::try_from(common::config_of(&leases).await).expect("client");
+    let api: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+        kube::Api::namespaced(client, "default");
+    let held: Vec<String> = api
+        .list(&kube::api::ListParams::default())
+        .await
+        .expect("list Leases")
+        .items
+        .into_iter()
+        .filter_map(|l| l.spec?.holder_identity)
+        .collect();
+    for id in ["tether-a", "tether-b"] {
+        assert!(
+            held.iter().any(|h| h == id),
+            "{id} holds no Lease: {held:?}"
+        );
+    }
+}
+
+async fn share_the_remotes(leases: &impl Cluster) {
     let remotes = remotes().await;
-    let a = replica("tether-a", &leases, &remotes);
-    let b = replica("tether-b", &leases, &remotes);
-    let mut c = replica("tether-c", &leases, &remotes);
+    let a = replica("tether-a", leases, &remotes);
+    let b = replica("tether-b", leases, &remotes);
+    let mut c = replica("tether-c", leases, &remotes);
 
     let (owners, took) = until_settled(&[&a, &b, &c], &remotes).await;
     eprintln!("three replicas settled in {took:?}");
@@ -285,7 +316,7 @@ async fn replicas_share_the_remotes_and_a_loss_or_a_join_moves_only_what_it_must
     probed_by_owners_alone(&after, &remotes).await;
 
     // A replica joins: about a third moves to it, and only to it.
-    let d = replica("tether-d", &leases, &remotes);
+    let d = replica("tether-d", leases, &remotes);
     let (joined, took) = until_settled(&[&a, &b, &d], &remotes).await;
     let moved: Vec<&String> = after
         .iter()
@@ -318,7 +349,7 @@ async fn replicas_share_the_remotes_and_a_loss_or_a_join_moves_only_what_it_must
         );
     }
 
-    // A clean stop deletes the Lease: the others take its remotes at once,
+    // A clean stop releases the Lease: the others take its remotes at once,
     // without waiting out leaseDuration.
     let mut d = d;
     let stopped = Instant::now();

@@ -3,6 +3,7 @@
 // Each test file compiles this module on its own and uses part of it.
 #![allow(dead_code)]
 
+pub(crate) mod matrix;
 pub(crate) mod relay;
 pub(crate) mod witness;
 
@@ -11,7 +12,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tether_testkit::{ApiServer, Options, Resource};
+use tether_testkit::{ApiServer, Cluster, Options, Resource};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 use tokio::process::{Child, Command};
@@ -147,17 +148,17 @@ pub(crate) async fn remote(name: &str, tls: bool) -> ApiServer {
 pub(crate) fn write_kubeconfig(
     dir: &std::path::Path,
     name: &str,
-    server: &ApiServer,
+    server: &impl Cluster,
 ) -> std::path::PathBuf {
     let path = dir.join(format!("{name}.kubeconfig"));
     server.kubeconfig().write(&path).expect("kubeconfig");
     path
 }
 
-pub(crate) fn config_yaml(
+pub(crate) fn config_yaml<C: Cluster>(
     dir: &std::path::Path,
     admin: &str,
-    remotes: &[(&str, &ApiServer)],
+    remotes: &[(&str, &C)],
 ) -> String {
     config_yaml_with(dir, admin, remotes, &Shape::default())
 }
@@ -191,10 +192,10 @@ pub(crate) struct Shape<'a> {
 
 /// The test config (interval 1s, timeout 500ms, threshold 3, no jitter,
 /// backoff 1s to 4s, a drain window of 1s), changed as `shape` says.
-pub(crate) fn config_yaml_with(
+pub(crate) fn config_yaml_with<C: Cluster>(
     dir: &std::path::Path,
     admin: &str,
-    remotes: &[(&str, &ApiServer)],
+    remotes: &[(&str, &C)],
     shape: &Shape<'_>,
 ) -> String {
     let manager = match shape.manager {
@@ -223,7 +224,7 @@ pub(crate) fn config_yaml_with(
                 std::fs::write(&path, text).expect("kubeconfig");
                 path
             }
-            None => write_kubeconfig(dir, name, server),
+            None => write_kubeconfig(dir, name, *server),
         };
         let required = !shape.optional.contains(name);
         let _ = writeln!(
@@ -237,21 +238,25 @@ pub(crate) fn config_yaml_with(
 
 impl Tether {
     /// Writes `server`'s kubeconfig next to this tether's config file.
-    pub(crate) fn write_kubeconfig(&self, name: &str, server: &ApiServer) -> std::path::PathBuf {
+    pub(crate) fn write_kubeconfig(&self, name: &str, server: &impl Cluster) -> std::path::PathBuf {
         write_kubeconfig(self.config.parent().expect("a folder"), name, server)
     }
 
-    pub(crate) fn run(remotes: &[(&str, &ApiServer)]) -> Self {
+    pub(crate) fn run<C: Cluster>(remotes: &[(&str, &C)]) -> Self {
         Self::run_with(remotes, &[])
     }
 
-    pub(crate) fn run_with(remotes: &[(&str, &ApiServer)], extra: &[&str]) -> Self {
+    pub(crate) fn run_with<C: Cluster>(remotes: &[(&str, &C)], extra: &[&str]) -> Self {
         Self::start(remotes, extra, &Shape::default())
     }
 
     /// Runs `tether [extra] run` with the test config, changed as `shape`
     /// says.
-    pub(crate) fn start(remotes: &[(&str, &ApiServer)], extra: &[&str], shape: &Shape<'_>) -> Self {
+    pub(crate) fn start<C: Cluster>(
+        remotes: &[(&str, &C)],
+        extra: &[&str],
+        shape: &Shape<'_>,
+    ) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let admin = format!("127.0.0.1:{}", free_port());
         let config = dir.path().join("tether.yaml");
@@ -337,6 +342,24 @@ impl Tether {
         body.lines()
             .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
             .and_then(|v| v.trim().parse().ok())
+    }
+
+    /// The `remotes[]` entry of `name` in `/status.json`.
+    pub(crate) async fn remote_status(&self, name: &str) -> Option<serde_json::Value> {
+        let (_, body) = self.get("/status.json").await?;
+        let status: serde_json::Value = serde_json::from_str(&body).ok()?;
+        status["remotes"]
+            .as_array()?
+            .iter()
+            .find(|r| r["name"] == name)
+            .cloned()
+    }
+
+    /// The cause of `name`'s last loss, as `/status.json` shows it.
+    pub(crate) async fn last_cause(&self, name: &str) -> Option<String> {
+        self.remote_status(name).await?["lastCause"]
+            .as_str()
+            .map(str::to_owned)
     }
 
     /// Polls until `pred` holds of the metric, checking `/healthz` each time.
@@ -445,7 +468,7 @@ pub(crate) struct InProcess {
 
 /// The Lease `name` in `server`'s `default` namespace, as a client reads it.
 pub(crate) async fn lease(
-    server: &ApiServer,
+    server: &impl Cluster,
     name: &str,
 ) -> Option<k8s_openapi::api::coordination::v1::Lease> {
     let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> = kube::Api::namespaced(
@@ -455,7 +478,7 @@ pub(crate) async fn lease(
     leases.get_opt(name).await.expect("the apiserver answers")
 }
 
-async fn config_of(server: &ApiServer) -> kube::Config {
+pub(crate) async fn config_of(server: &impl Cluster) -> kube::Config {
     let kubeconfig =
         kube::config::Kubeconfig::from_yaml(&server.kubeconfig().to_yaml()).expect("kubeconfig");
     kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
@@ -491,7 +514,7 @@ pub(crate) async fn start_in_process_with(
             name: (*name).to_owned(),
             required: *required,
             source: tether::config::RemoteSource::Inferred,
-            config: config_of(server).await.into(),
+            config: config_of(*server).await.into(),
         });
     }
     probes

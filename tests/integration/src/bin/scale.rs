@@ -6,6 +6,7 @@
 //! cargo run --release -p tether-tests --bin scale -- --remotes 1000 --blackbox
 //! cargo run --release -p tether-tests --bin scale -- --remotes 10000
 //! cargo run --release -p tether-tests --bin scale -- --detection 20
+//! cargo run --release -p tether-tests --bin scale -- --detection 20 --apiservers real
 //! ```
 //!
 //! It prints a table and writes the same figures as JSON (`--json`,
@@ -25,7 +26,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::Parser;
 use serde_json::{Value, json};
-use tether_testkit::{ApiServer, Fault, Options, procfs};
+use tether_testkit::{ApiServer, ControlPlane, Fault, Options, RealOptions, procfs};
 
 /// Whole-process figures of tether, optionally beside `blackbox_exporter` and
 /// Prometheus probing the same remotes.
@@ -51,6 +52,11 @@ struct Args {
     /// fault against three remotes (interval 1s, threshold 3, timeout 500ms).
     #[arg(long)]
     detection: Option<usize>,
+    /// The remotes: simulated, or (with `--detection` only) real
+    /// kube-apiservers and etcd built by `scripts/peers`, where `refuse`
+    /// kills the apiserver and restarts it and `hang` stops it (SIGSTOP).
+    #[arg(long, value_enum, default_value = "simulated")]
+    apiservers: Apiservers,
     /// The built-in manager's watch list: `default` (Namespaces on every
     /// remote) or `none` (`watch: []`: probes only, as blackbox does).
     #[arg(long, default_value = "default")]
@@ -83,6 +89,13 @@ struct Args {
     serve_count: Option<usize>,
 }
 
+/// What serves the remotes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Apiservers {
+    Simulated,
+    Real,
+}
+
 /// Remotes per server process: each holds a listener and at least one
 /// connection per remote, within the 20,000 descriptors a process may have.
 const PER_PROCESS: usize = 2_500;
@@ -102,10 +115,13 @@ type Result<T, E = String> = std::result::Result<T, E>;
 
 fn run(args: &Args) -> Result<()> {
     if let (Some(dir), Some(count)) = (&args.serve_dir, args.serve_count) {
-        return serve(dir, args.serve_from, count);
+        return serve(dir, args.serve_from, count, args.apiservers);
+    }
+    if args.apiservers == Apiservers::Real && args.detection.is_none() {
+        return Err("--apiservers real goes with --detection N".to_owned());
     }
     let (mode, report) = if let Some(trials) = args.detection {
-        ("detection", detection(trials)?)
+        ("detection", detection(trials, args.apiservers)?)
     } else if args.remotes > 0 && args.replicas > 1 {
         ("shards", shards(args)?)
     } else if args.remotes > 0 {
@@ -114,7 +130,9 @@ fn run(args: &Args) -> Result<()> {
     } else {
         return Err("say --remotes N or --detection N".to_owned());
     };
-    let file = if mode == "detection" {
+    let file = if mode == "detection" && args.apiservers == Apiservers::Real {
+        "detection-real.json".to_owned()
+    } else if mode == "detection" {
         "detection.json".to_owned()
     } else if mode == "shards" {
         format!("shards-{}x{}.json", args.replicas, args.remotes)
@@ -279,6 +297,7 @@ impl Process {
                     .find(|(at, fields)| matches(*at, fields)))
             },
         )
+        .map_err(|err| format!("{err}; tether's last lines:\n{}", self.tail(15)))
     }
 
     fn tail(&self, n: usize) -> String {
@@ -422,11 +441,22 @@ impl Drop for Server {
 
 impl Remotes {
     fn start(count: usize) -> Result<Self> {
+        Self::start_as(count, Apiservers::Simulated)
+    }
+
+    /// `count` remotes served by `apiservers`.
+    fn start_as(count: usize, apiservers: Apiservers) -> Result<Self> {
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
         let mut servers = Vec::new();
         for from in (0..count).step_by(PER_PROCESS) {
+            let kind = if apiservers == Apiservers::Real {
+                "real"
+            } else {
+                "simulated"
+            };
             let mut child = Command::new(&exe)
+                .args(["--apiservers", kind])
                 .args(["--serve-dir", &dir.path().to_string_lossy()])
                 .args(["--serve-from", &from.to_string()])
                 .args(["--serve-count", &PER_PROCESS.min(count - from).to_string()])
@@ -488,10 +518,73 @@ impl Remotes {
     }
 }
 
-/// The server process: starts `count` remotes, writes their files, prints
-/// `url <url>` for each and `ready`, then applies `<index> <fault>` lines
-/// from stdin until it closes.
-fn serve(dir: &Path, from: usize, count: usize) -> Result<()> {
+/// A remote the server process holds.
+enum Served {
+    Simulated(ApiServer),
+    Real(Box<ControlPlane>),
+}
+
+impl Served {
+    async fn start(i: usize, apiservers: Apiservers) -> Result<Self> {
+        if apiservers == Apiservers::Real {
+            ControlPlane::start(RealOptions::default().name(name(i)))
+                .await
+                .map(|plane| Self::Real(Box::new(plane)))
+                .map_err(|e| format!("real remote {i}: {e}"))
+        } else {
+            ApiServer::start(
+                Options::default()
+                    .tls(true)
+                    .token(format!("token-{i:05}"))
+                    .name(name(i)),
+            )
+            .await
+            .map(Self::Simulated)
+            .map_err(|e| format!("simulated remote {i}: {e}"))
+        }
+    }
+
+    fn files(&self) -> (tether_testkit::Kubeconfig, String, String, String) {
+        match self {
+            Self::Simulated(s) => (
+                s.kubeconfig(),
+                s.ca_pem().unwrap_or_default(),
+                s.token().unwrap_or_default(),
+                s.url(),
+            ),
+            Self::Real(p) => (p.kubeconfig(), p.ca_pem(), p.token(), p.url()),
+        }
+    }
+
+    /// A real process shows `refuse` (killed) and `hang` (stopped); `up`
+    /// continues or restarts it.
+    async fn set_fault(&self, fault: Fault) -> Result<()> {
+        match (self, fault) {
+            (Self::Simulated(s), fault) => s.set_fault(fault).await.map_err(|e| e.to_string()),
+            (Self::Real(p), Fault::Refuse) => {
+                p.stop();
+                Ok(())
+            }
+            (Self::Real(p), Fault::Hang) => {
+                p.pause();
+                Ok(())
+            }
+            (Self::Real(p), Fault::Up) => {
+                p.resume();
+                if p.apiserver_pid().is_none() {
+                    p.restart().await.map_err(|e| e.to_string())?;
+                }
+                Ok(())
+            }
+            (Self::Real(_), other) => Err(format!("a real remote cannot show {other}")),
+        }
+    }
+}
+
+/// The server process: starts `count` remotes served by `apiservers`,
+/// writes their files, prints `url <url>` for each and `ready`,
+/// then applies `<index> <fault>` lines from stdin until it closes.
+fn serve(dir: &Path, from: usize, count: usize, apiservers: Apiservers) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -500,15 +593,7 @@ fn serve(dir: &Path, from: usize, count: usize) -> Result<()> {
     let servers = runtime.block_on(async {
         let mut servers = Vec::with_capacity(count);
         for i in from..from + count {
-            let server = ApiServer::start(
-                Options::default()
-                    .tls(true)
-                    .token(format!("token-{i:05}"))
-                    .name(name(i)),
-            )
-            .await
-            .map_err(|e| format!("simulated remote {i}: {e}"))?;
-            servers.push(server);
+            servers.push(Served::start(i, apiservers).await?);
         }
         Ok::<_, String>(servers)
     })?;
@@ -518,10 +603,11 @@ fn serve(dir: &Path, from: usize, count: usize) -> Result<()> {
         let write = |file: String, text: &str| {
             std::fs::write(dir.join(file), text).map_err(|e| e.to_string())
         };
-        write(format!("{n}.kubeconfig"), &server.kubeconfig().to_yaml())?;
-        write(format!("{n}.ca.pem"), &server.ca_pem().unwrap_or_default())?;
-        write(format!("{n}.token"), &server.token().unwrap_or_default())?;
-        writeln!(out, "url {}", server.url()).map_err(|e| e.to_string())?;
+        let (kubeconfig, ca, token, url) = server.files();
+        write(format!("{n}.kubeconfig"), &kubeconfig.to_yaml())?;
+        write(format!("{n}.ca.pem"), &ca)?;
+        write(format!("{n}.token"), &token)?;
+        writeln!(out, "url {url}").map_err(|e| e.to_string())?;
     }
     writeln!(out, "ready").map_err(|e| e.to_string())?;
     out.flush().map_err(|e| e.to_string())?;
@@ -532,13 +618,19 @@ fn serve(dir: &Path, from: usize, count: usize) -> Result<()> {
         let server = servers
             .get(index.wrapping_sub(from))
             .ok_or_else(|| format!("remote {index} is not served here"))?;
-        runtime
-            .block_on(server.set_fault(fault))
-            .map_err(|e| e.to_string())?;
+        runtime.block_on(server.set_fault(fault))?;
         writeln!(out, "ok").map_err(|e| e.to_string())?;
         out.flush().map_err(|e| e.to_string())?;
     }
     Ok(())
+}
+
+/// Whether a log event's `remotes` field (the names of one remote
+/// apiserver's remotes, comma-separated) includes `remote`.
+fn names(fields: &Value, remote: &str) -> bool {
+    fields["remotes"]
+        .as_str()
+        .is_some_and(|list| list.split(',').any(|n| n.trim() == remote))
 }
 
 fn name(i: usize) -> String {
@@ -1418,10 +1510,10 @@ fn parse_debug_duration(text: &str) -> Option<f64> {
 }
 
 #[allow(clippy::too_many_lines)]
-fn detection(trials: usize) -> Result<Value> {
+fn detection(trials: usize, apiservers: Apiservers) -> Result<Value> {
     let (interval, threshold, deadline) = (1.0, 3.0, 0.5);
     let ideal = (threshold - 1.0) * interval + deadline;
-    let mut remotes = Remotes::start(3)?;
+    let mut remotes = Remotes::start_as(3, apiservers)?;
     // Two resources on each of three remotes.
     let admin = format!("127.0.0.1:{}", free_port()?);
     let config = tether_config(
@@ -1458,9 +1550,9 @@ fn detection(trials: usize) -> Result<Value> {
             // The way back: the recovery ends the cycle at once; the rebuild
             // is from there to the manager up, minus the backoff, with the
             // old manager's teardown included.
-            let remote = format!("{:?}", [name(i)]);
+            let remote = name(i);
             let (recovered, _) = tether.wait_event("remote apiserver reachable", |at, f| {
-                at > cancelled && f["remotes"] == remote.as_str()
+                at > cancelled && names(f, &remote)
             })?;
             let (_, ended) = tether.wait_event("cycle ended", |at, f| {
                 at >= recovered && cause_is(f, "remote_recovered")
@@ -1501,6 +1593,14 @@ fn detection(trials: usize) -> Result<Value> {
     ));
     report["rebuild_ms"] =
         json!({ "samples": rebuilds, "median": med, "max": sorted[sorted.len() - 1] });
+
+    if apiservers == Apiservers::Real {
+        // A real process cannot refuse new connections while serving the
+        // open ones; the rows below are the simulated remotes' alone.
+        drop(tether);
+        print_table(&rows);
+        return Ok(report);
+    }
 
     // refuse_new: the probe's kept connection still answers. With the
     // manager's hint, from its first failed reconnect to remote_lost; the
@@ -1555,9 +1655,9 @@ fn detection(trials: usize) -> Result<Value> {
         std::thread::sleep(Duration::from_millis(1000 + fastrand::u64(..1000)));
         let struck = now();
         remotes.set_fault(i, &Fault::RefuseNew)?;
-        let remote = format!("{:?}", [name(i)]);
+        let remote = name(i);
         let (lost, _) = tether.wait_event("remote apiserver unreachable", |at, f| {
-            at >= struck && f["remotes"] == remote.as_str()
+            at >= struck && names(f, &remote)
         })?;
         aged.push(lost - struck);
         eprintln!(
@@ -1567,7 +1667,7 @@ fn detection(trials: usize) -> Result<Value> {
         );
         remotes.set_fault(i, &Fault::Up)?;
         tether.wait_event("remote apiserver reachable", |at, f| {
-            at > lost && f["remotes"] == remote.as_str()
+            at > lost && names(f, &remote)
         })?;
     }
     let bound = max_age + threshold * interval * 1.1 + deadline;

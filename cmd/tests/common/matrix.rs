@@ -1,0 +1,67 @@
+//! The fault matrix's config and bounds, shared by its rows on simulated
+//! remotes (`fault_matrix.rs`) and on real ones (`real_remotes.rs`): probe
+//! interval 1s, failureThreshold 3, timeout 500ms, no jitter.
+
+use std::time::Duration;
+
+use tether_testkit::Cluster;
+use tokio::time::Instant;
+
+use super::Tether;
+
+pub(crate) const INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const TIMEOUT: Duration = Duration::from_millis(500);
+pub(crate) const THRESHOLD: u32 = 3;
+
+/// The longest a loss may take to show: the fault can strike just after a
+/// probe, then `THRESHOLD` probes each up to their deadline; doubled for a
+/// loaded CI machine and the metrics poll.
+pub(crate) fn detection_bound() -> Duration {
+    (INTERVAL * THRESHOLD + TIMEOUT) * 2
+}
+
+/// The reachability gauge of `server`, configured as `name`.
+pub(crate) fn reachable(server: &impl Cluster, name: &str) -> String {
+    format!(
+        "tether_remote_apiserver_reachable{{host=\"{}\",remote=\"{name}\"}}",
+        server.addr()
+    )
+}
+
+/// Waits until `series` reads `want`, within `bound` of `since`; how long
+/// that took from `since`.
+pub(crate) async fn within(
+    tether: &Tether,
+    series: &str,
+    want: f64,
+    since: Instant,
+    bound: Duration,
+) -> Duration {
+    loop {
+        if tether.metric(series).await == Some(want) {
+            return since.elapsed();
+        }
+        assert!(
+            since.elapsed() < bound,
+            "{series} did not reach {want} within {bound:?}; logs:\n{}",
+            tether.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The operator hands tether `server`'s new kubeconfig for `name` and
+/// reloads: reachable again within the bound.
+pub(crate) async fn reload_kubeconfig(tether: &Tether, name: &str, server: &impl Cluster) {
+    tether.write_kubeconfig(name, server);
+    tether.signal("HUP");
+    let reloaded = Instant::now();
+    within(
+        tether,
+        &reachable(server, name),
+        1.0,
+        reloaded,
+        detection_bound(),
+    )
+    .await;
+}
