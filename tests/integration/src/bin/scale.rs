@@ -450,13 +450,9 @@ impl Remotes {
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
         let mut servers = Vec::new();
         for from in (0..count).step_by(PER_PROCESS) {
-            let kind = if apiservers == Apiservers::Real {
-                "real"
-            } else {
-                "simulated"
-            };
+            let kind = clap::ValueEnum::to_possible_value(&apiservers).expect("none is skipped");
             let mut child = Command::new(&exe)
-                .args(["--apiservers", kind])
+                .args(["--apiservers", kind.get_name()])
                 .args(["--serve-dir", &dir.path().to_string_lossy()])
                 .args(["--serve-from", &from.to_string()])
                 .args(["--serve-count", &PER_PROCESS.min(count - from).to_string()])
