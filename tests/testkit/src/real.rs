@@ -21,6 +21,7 @@
 //!   the plane kills both processes by PID and waits for them.
 //! - The admin's token and key never appear in `Debug` output.
 
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -28,7 +29,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, SanType};
+use rcgen::{CertificateParams, DnType, KeyPair, SanType};
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::time::Instant;
@@ -41,7 +42,7 @@ const START_DEADLINE: Duration = Duration::from_secs(120);
 
 /// Where `scripts/peers` puts the binaries, unless `TETHER_PEERS` says.
 #[must_use]
-pub fn peers_dir() -> PathBuf {
+fn peers_dir() -> PathBuf {
     std::env::var_os("TETHER_PEERS")
         .filter(|d| !d.is_empty())
         .map_or_else(
@@ -55,7 +56,7 @@ pub fn peers_dir() -> PathBuf {
 /// # Errors
 ///
 /// [`Error::Command`] naming the command that builds it, if it is missing.
-pub fn peer(name: &str) -> Result<PathBuf> {
+fn peer(name: &str) -> Result<PathBuf> {
     let path = peers_dir().join(name);
     if path.is_file() {
         Ok(path)
@@ -115,13 +116,7 @@ struct Credentials {
 impl Credentials {
     /// Makes them and writes the files the apiserver reads into `dir`.
     fn generate(name: &str, ip: IpAddr, dir: &Path) -> Result<Self> {
-        let mut ca_params = CertificateParams::new(Vec::<String>::new()).map_err(Error::Tls)?;
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params
-            .distinguished_name
-            .push(DnType::CommonName, format!("{name}-ca"));
-        let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().map_err(Error::Tls)?)
-            .map_err(Error::Tls)?;
+        let ca = crate::tls::certificate_authority(&format!("{name}-ca"))?;
 
         let mut serving = CertificateParams::new(vec![
             "localhost".to_owned(),
@@ -237,13 +232,27 @@ impl std::fmt::Debug for ControlPlane {
     }
 }
 
-/// A port free on `ip` at the time of asking.
+/// A port free on `ip` now, from 10000–31999: below the kernel's ephemeral
+/// range (32768 and up by default), so no outgoing connection (a busy
+/// apiserver opens many to etcd) can take it before its server binds it,
+/// and never one this process handed out before, so planes starting
+/// together never share one.
 fn free_port(ip: Ipv4Addr) -> Result<u16> {
-    let listener = std::net::TcpListener::bind((ip, 0)).map_err(|source| Error::Bind {
+    static TAKEN: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    let mut taken = TAKEN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for _ in 0..1000 {
+        let port = 10_000 + fastrand::u16(..22_000);
+        if !taken.contains(&port) && std::net::TcpListener::bind((ip, port)).is_ok() {
+            taken.insert(port);
+            return Ok(port);
+        }
+    }
+    Err(Error::Bind {
         addr: SocketAddr::new(ip.into(), 0),
-        source,
-    })?;
-    Ok(listener.local_addr()?.port())
+        source: std::io::Error::new(std::io::ErrorKind::AddrInUse, "no free port in 10000-31999"),
+    })
 }
 
 impl ControlPlane {

@@ -9,6 +9,15 @@ use rustls::server::WebPkiClientVerifier;
 
 use crate::{Error, Result};
 
+/// A fresh self-signed CA named `name`, with a key of its own.
+pub(crate) fn certificate_authority(name: &str) -> Result<CertifiedIssuer<'static, KeyPair>> {
+    let mut params = CertificateParams::new(Vec::<String>::new()).map_err(Error::Tls)?;
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.distinguished_name.push(DnType::CommonName, name);
+    CertifiedIssuer::self_signed(params, KeyPair::generate().map_err(Error::Tls)?)
+        .map_err(Error::Tls)
+}
+
 /// A CA and a serving certificate it signed, ready for rustls.
 #[derive(Clone)]
 pub(crate) struct Identity {
@@ -35,13 +44,7 @@ impl Identity {
         extra_names: &[String],
         client_certs: bool,
     ) -> Result<Self> {
-        let mut ca_params = CertificateParams::new(Vec::<String>::new()).map_err(Error::Tls)?;
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params
-            .distinguished_name
-            .push(DnType::CommonName, ca_name);
-        let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().map_err(Error::Tls)?)
-            .map_err(Error::Tls)?;
+        let ca = certificate_authority(ca_name)?;
 
         let mut names = vec!["localhost".to_owned(), "127.0.0.1".to_owned()];
         names.extend(extra_names.iter().cloned());
