@@ -76,13 +76,17 @@ impl Kubeconfig {
         )
     }
 
-    /// Writes the kubeconfig to `path`.
+    /// Writes the kubeconfig to `path` at once, as a whole: to a file
+    /// beside it, renamed over it, so that a reader never sees half of it.
     ///
     /// # Errors
     ///
     /// Any error from writing the file.
     pub fn write(&self, path: &Path) -> io::Result<()> {
-        std::fs::write(path, self.to_yaml())
+        let mut partial = path.as_os_str().to_owned();
+        partial.push(".partial");
+        std::fs::write(&partial, self.to_yaml())?;
+        std::fs::rename(&partial, path)
     }
 }
 

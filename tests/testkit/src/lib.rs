@@ -70,7 +70,7 @@ pub use crate::netns::TestHost;
 pub use crate::real::{ControlPlane, RealOptions};
 pub use crate::resource::Resource;
 pub use crate::selector::check_label_selector;
-pub use crate::server::{ApiServer, Options, Requests, Restart, Stats};
+pub use crate::server::{ApiServer, Options, Requests, Restart, Rotation, Stats};
 
 /// What can go wrong when running a simulated apiserver.
 #[derive(Debug, thiserror::Error)]
@@ -99,6 +99,9 @@ pub enum Error {
     /// A file could not be written.
     #[error(transparent)]
     Io(#[from] std::io::Error),
+    /// The state folder's file could not be written.
+    #[error("cannot write {}", .0.display())]
+    State(std::path::PathBuf, #[source] std::io::Error),
     /// A test host needs root.
     #[error("{0}")]
     NotRoot(&'static str),

@@ -58,6 +58,10 @@ pub struct Options {
     /// Over HTTPS, require a client certificate the server's CA signed;
     /// kubeconfigs carry one. Default `false`.
     pub client_certs: bool,
+    /// Where to keep the CA and serving certificate across starts, so a
+    /// server started again comes back as itself. Default: none, a new CA
+    /// each start.
+    pub state_dir: Option<std::path::PathBuf>,
     /// The name of the cluster in kubeconfigs. Default `fake`.
     pub name: String,
 }
@@ -72,6 +76,7 @@ impl Default for Options {
             bookmark_interval: Duration::from_secs(60),
             extra_names: Vec::new(),
             client_certs: false,
+            state_dir: None,
             name: "fake".to_owned(),
         }
     }
@@ -143,6 +148,20 @@ pub enum Restart {
     /// A recreated cluster: a new CA and token, and an empty store whose
     /// resource versions start a new epoch.
     Recreated,
+}
+
+/// What [`ApiServer::rotate`] renews, as a cluster's operator rotates it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rotation {
+    /// A new CA and serving certificate (and, with client certificates, a
+    /// new client CA): open connections are reset, as the apiserver
+    /// restarts to load them.
+    Ca,
+    /// A new client CA, and a client certificate it signed: the old client
+    /// certificate is refused from now on. Open connections are reset.
+    ClientCertificate,
+    /// A new bearer token: the old one is refused from the next request.
+    Token,
 }
 
 /// The requests of one client (a user it acts as) on one path.
@@ -337,14 +356,20 @@ impl ApiServer {
             addr: options.addr,
             source,
         })?;
-        let identity = if options.tls {
-            Some(Identity::generate(
-                &format!("{}-ca", options.name),
+        let ca_name = format!("{}-ca", options.name);
+        let identity = match (&options.state_dir, options.tls) {
+            (_, false) => None,
+            (Some(dir), true) => Some(Identity::kept_in(
+                dir,
+                &ca_name,
                 &options.extra_names,
                 options.client_certs,
-            )?)
-        } else {
-            None
+            )?),
+            (None, true) => Some(Identity::generate(
+                &ca_name,
+                &options.extra_names,
+                options.client_certs,
+            )?),
         };
         let shared = Arc::new(Shared {
             addr,
@@ -532,6 +557,52 @@ impl ApiServer {
             self.shared.store.recreate();
         }
         self.set_fault(Fault::Up).await
+    }
+
+    /// Renews what `what` names while the server keeps serving, its objects
+    /// and its other credentials unchanged: between this call and the
+    /// client's update, only the client's old credentials fail.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] for a credential the server does not use
+    /// (a CA over plain HTTP, a token or client certificate not required),
+    /// and [`Error::Tls`] if new certificates cannot be made.
+    pub fn rotate(&self, what: Rotation) -> Result<()> {
+        let options = &self.shared.options;
+        let mut state = self.shared.state();
+        match what {
+            Rotation::Ca => {
+                if !options.tls {
+                    return Err(Error::Unsupported("a CA needs a server started with TLS"));
+                }
+                state.identity = Some(Identity::generate(
+                    &format!("{}-ca", options.name),
+                    &options.extra_names,
+                    options.client_certs,
+                )?);
+            }
+            Rotation::ClientCertificate => {
+                let renewed = match &state.identity {
+                    Some(identity) if options.client_certs => identity.with_new_client_ca()?,
+                    _ => {
+                        return Err(Error::Unsupported(
+                            "a client certificate needs a server that requires one",
+                        ));
+                    }
+                };
+                state.identity = Some(renewed);
+            }
+            Rotation::Token => {
+                if state.token.is_none() {
+                    return Err(Error::Unsupported("no token is required"));
+                }
+                state.token = Some(new_token());
+                return Ok(());
+            }
+        }
+        Shared::kill_connections(&mut state);
+        Ok(())
     }
 
     /// Creates or replaces an object, as an API client would, and returns it

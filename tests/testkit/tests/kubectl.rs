@@ -68,6 +68,11 @@ fn wait_for_line(lines: &mpsc::Receiver<String>, needle: &str) -> Vec<String> {
 
 impl FakeApiserver {
     fn start(tag: &str) -> Self {
+        Self::start_with(tag, &[])
+    }
+
+    /// Started with `extra` flags too.
+    fn start_with(tag: &str, extra: &[&std::ffi::OsStr]) -> Self {
         let dir = tempfile::Builder::new()
             .prefix(&format!("tether-testkit-{tag}-"))
             .tempdir()
@@ -83,6 +88,7 @@ impl FakeApiserver {
                 "--kubeconfig-out",
             ])
             .arg(&kubeconfig)
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -194,6 +200,30 @@ fn kubectl() -> PathBuf {
              or the kubectl binary from the Kubernetes release)"
         )
     })
+}
+
+/// Killed and started again with the same `--state-dir`, it comes back at
+/// the same address with the same CA: the kubeconfig written before still
+/// reaches it, as after an apiserver's restart.
+#[test]
+fn killed_and_started_again_with_a_state_dir_it_comes_back_as_itself() {
+    let state = tempfile::tempdir().expect("dir");
+    let flags = [
+        std::ffi::OsStr::new("--state-dir"),
+        state.path().as_os_str(),
+    ];
+    let first = FakeApiserver::start_with("state-1", &flags);
+    let written = std::fs::read_to_string(&first.kubeconfig).expect("kubeconfig");
+    assert_eq!(first.run(&["get", "--raw", "/readyz"]), "ok");
+    drop(first);
+    let second = FakeApiserver::start_with("state-2", &flags);
+    assert_eq!(
+        std::fs::read_to_string(&second.kubeconfig).expect("kubeconfig"),
+        written,
+        "a new address, CA or token"
+    );
+    std::fs::write(&second.kubeconfig, &written).expect("the old kubeconfig");
+    assert_eq!(second.run(&["get", "--raw", "/readyz"]), "ok");
 }
 
 fn write_manifest(dir: &Path, name: &str) -> PathBuf {

@@ -49,6 +49,12 @@ struct Args {
     /// The fault to start with (e.g. `status=503`).
     #[arg(long, default_value = "up")]
     fault: Fault,
+    /// Keep the CA, the serving certificate and the port here: killed and
+    /// started again with the same flags, the server comes back as itself
+    /// and its kubeconfig stays good (its objects do not: seed them again
+    /// with --objects). Without it, each start is a new cluster.
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
 }
 
 #[tokio::main]
@@ -75,8 +81,20 @@ async fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> tether_testkit::Result<()> {
+    // The port kept from the last start, unless one is given.
+    if let Some(dir) = &args.state_dir {
+        std::fs::create_dir_all(dir)?;
+    }
+    let port_file = args.state_dir.as_ref().map(|dir| dir.join("port"));
+    let port = match (&port_file, args.port) {
+        (Some(file), 0) => std::fs::read_to_string(file)
+            .ok()
+            .and_then(|p| p.trim().parse().ok())
+            .unwrap_or(0),
+        _ => args.port,
+    };
     let mut options = Options::default()
-        .addr(SocketAddr::new(args.listen, args.port))
+        .addr(SocketAddr::new(args.listen, port))
         .tls(args.tls)
         .name(args.name)
         .bookmark_interval(args.bookmark_interval);
@@ -87,7 +105,11 @@ async fn run(args: Args) -> tether_testkit::Result<()> {
     if let Some(token) = args.token {
         options = options.token(token);
     }
+    options.state_dir.clone_from(&args.state_dir);
     let server = ApiServer::start(options).await?;
+    if let Some(file) = &port_file {
+        std::fs::write(file, server.addr().port().to_string())?;
+    }
     for i in 0..args.objects {
         server.put(
             Resource::ConfigMap,
