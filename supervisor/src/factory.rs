@@ -40,8 +40,9 @@ impl ManagerError {
     }
 }
 
-/// Renders an error and each of its sources, joined with `: `, fit to
-/// print: an error may carry a peer's text (an apiserver's message), so
+/// Renders an error and each of its sources, joined with `: `, each cause
+/// once (a source whose message the chain already holds is left out), fit
+/// to print: an error may carry a peer's text (an apiserver's message), so
 /// control characters are escaped and the whole is cut at
 /// [`MAX_ERROR_CHARS`](crate::MAX_ERROR_CHARS) (see [`printable`](crate::printable)).
 #[must_use]
@@ -49,7 +50,11 @@ pub fn error_chain(error: &(dyn StdError + 'static)) -> String {
     let mut out = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
-        write!(out, ": {cause}").expect("writing to a String cannot fail");
+        // A message that quotes its source already says it: once is enough.
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            write!(out, ": {text}").expect("writing to a String cannot fail");
+        }
         source = cause.source();
         if out.len() > 4 * crate::MAX_ERROR_CHARS {
             break;
@@ -127,5 +132,20 @@ mod tests {
         let err = ManagerError::failed(Outer(std::io::Error::other("connection refused")));
         assert_eq!(err.source_chain(), "watch failed: connection refused");
         assert_eq!(err.to_string(), "the manager failed");
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot read /x: {0}")]
+    struct Quoting(#[source] std::io::Error);
+
+    #[test]
+    fn a_cause_its_parent_quotes_is_not_repeated() {
+        let io = std::io::Error::from(std::io::ErrorKind::NotFound);
+        let shown = io.to_string();
+        let err = ManagerError::failed(Outer(std::io::Error::other(Quoting(io))));
+        assert_eq!(
+            err.source_chain(),
+            format!("watch failed: cannot read /x: {shown}")
+        );
     }
 }

@@ -379,7 +379,8 @@ impl<F: ManagerFactory> Looper<F> {
             return true;
         }
         self.state.standby();
-        info!("standing by: the gate is closed (this replica does not lead, or holds no remote)");
+        // The election or the sharding says why, and who leads.
+        debug!("waiting: the gate is closed (this replica does not lead, or holds no remote)");
         self.beat_while(async {
             loop {
                 tokio::select! {
