@@ -84,13 +84,13 @@ def check_manager(label, values, pod, config):
               and {"name": "tether-bin", "mountPath": "/tether", "readOnly": True} in container["volumeMounts"],
               f"{label}: an init container from tether's image copies tether into a shared emptyDir")
         check(container["image"] == f"{injected}:{exec_values['image']['tag']}"
-              and container["command"][:4] == ["/tether/tether", "run", "--config", "/etc/tether/config.yaml"]
+              and container["command"][:4] == ["/tether/tether", "run", "--config", "/etc/tether/config/config.yaml"]
               and container["command"][container["command"].index("--") + 1:] == command
               and "command" not in spec,
               f"{label}: the controller's image runs tether with its command after --, not in the config")
     else:
         check("initContainers" not in pod and container["command"] == ["/tether"]
-              and container["args"][:3] == ["run", "--config", "/etc/tether/config.yaml"]
+              and container["args"][:3] == ["run", "--config", "/etc/tether/config/config.yaml"]
               and spec.get("command") == command,
               f"{label}: the controller's image runs tether, its command in the config")
 
@@ -121,6 +121,7 @@ def main():
                                                    "manager": {"exec": {"command": ["/manager", "--leader-elect=false"], "readiness": {"httpGet": {"port": 8081, "path": "/readyz"}}}}},
         "exec with three replicas": {"remotes": [remote], "replicaCount": 3, "manager": {"exec": {"command": ["/manager", "--leader-elect=false"]}}},
         "three replicas sharing the remotes": {"remotes": [remote], "replicaCount": 3, "sharding": {"enabled": True}},
+        "no Events": {"remotes": [remote], "events": {"enabled": False}},
         "exec, tether added to an image": {"remotes": [remote], "manager": {"exec": {"command": ["/manager", "--leader-elect=false"],
                                                                                       "image": {"repository": "registry.example.com/controller", "tag": "1.0"}}}},
     }
@@ -147,22 +148,39 @@ def main():
               and container["securityContext"]["capabilities"]["drop"] == ["ALL"]
               and pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault",
               f"{label}: non-root, read-only root, no capabilities, RuntimeDefault seccomp")
+        mounts = [m for c in pod["containers"] + pod.get("initContainers", []) for m in c.get("volumeMounts", [])]
+        check(not any("subPath" in m for m in mounts)
+              and any(m["mountPath"] == "/etc/tether/config" for m in mounts),
+              f"{label}: no subPath mounts, so a changed ConfigMap or Secret reaches the pod, and tether reloads it")
         check(container["livenessProbe"]["failureThreshold"] >= 3 and container["livenessProbe"]["httpGet"]["path"] == "/healthz"
               and container["readinessProbe"]["httpGet"]["path"] == "/readyz" and "startupProbe" in container,
               f"{label}: liveness on /healthz (tolerant), readiness on /readyz, a startup probe")
         replicas = values.get("replicaCount", 1)
         elected = replicas > 1
-        check(pod["automountServiceAccountToken"] == (bool(values.get("homeCluster", {}).get("watch")) or elected),
-              f"{label}: the service account token is mounted only when the home cluster is watched or a Lease is elected on")
+        events = values.get("events", {}).get("enabled", True)
+        check(pod["automountServiceAccountToken"] == (bool(values.get("homeCluster", {}).get("watch")) or elected or events),
+              f"{label}: the service account token is mounted only when the home cluster is watched, a Lease is elected on, or Events are recorded")
+        env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in container.get("env", [])}
+        events_role = [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"].endswith("-events")]
+        pod_env = {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace", "POD_UID": "metadata.uid"}
+        if events:
+            events_ok = (pod_env.items() <= env.items() and len(events_role) == 1
+                         and events_role[0]["rules"] == [{"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]}]
+                         and any(d["kind"] == "RoleBinding" and d["metadata"]["name"].endswith("-events") for d in docs))
+        else:
+            events_ok = not events_role and "POD_NAMESPACE" not in env
+        check(events_ok,
+              f"{label}: Events on the Pod (POD_NAME, POD_NAMESPACE, POD_UID; create and patch on events.k8s.io Events in its namespace) exactly when events.enabled")
         pdb = only(docs, "PodDisruptionBudget")
         check((pdb is not None) == elected and (pdb is None or pdb["spec"] == {"maxUnavailable": 1, "selector": deploy["spec"]["selector"]}),
               f"{label}: a PodDisruptionBudget (maxUnavailable 1) exactly when replicas > 1")
         sharded = values.get("sharding", {}).get("enabled", False)
         verbs = ["get", "list", "create", "update", "delete"] if sharded else ["get", "create", "update"]
-        role = only(docs, "Role")
+        roles = [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"].endswith("-leader-election")]
+        role = roles[0] if roles else None
         check((role is not None) == elected
               and (role is None or role["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": verbs}])
-              and (only(docs, "RoleBinding") is not None) == elected,
+              and any(d["kind"] == "RoleBinding" and d["metadata"]["name"].endswith("-leader-election") for d in docs) == elected,
               f"{label}: a Role and RoleBinding on leases exactly when replicas > 1 (list and delete too when sharding)")
 
         policy = only(docs, "NetworkPolicy")

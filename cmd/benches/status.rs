@@ -47,6 +47,7 @@ fn main() {
                         .expect("a URL"),
                 )
                 .into(),
+                files: Vec::new(),
             })
             .collect();
         probes.sync(&remote::probed(&remotes)).expect("sync");

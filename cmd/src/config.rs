@@ -15,8 +15,7 @@ use tether_probes::ProbeConfig;
 use tether_supervisor::{BackoffConfig, SupervisorConfig};
 
 /// A configuration error: the file, the field path and what is wrong.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{file}: {field}: {message}")]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
     /// The file, or `<defaults>` when there is none.
     pub file: String,
@@ -24,6 +23,54 @@ pub struct ConfigError {
     pub field: String,
     /// What is wrong.
     pub message: String,
+    /// The other mistakes found in the same file, each shown on a line of
+    /// its own: an operator fixes them all at once.
+    pub more: Vec<ConfigError>,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}: {}", self.file, self.field, self.message)?;
+        for other in &self.more {
+            write!(f, "\n{other}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+impl ConfigError {
+    /// What is wrong with `field` of `file`.
+    #[must_use]
+    pub fn new(file: &str, field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            file: file.to_owned(),
+            field: field.into(),
+            message: message.into(),
+            more: Vec::new(),
+        }
+    }
+
+    /// Every mistake of `errors`, the first in front; `None` if there is
+    /// none.
+    #[must_use]
+    pub fn all(errors: Vec<Self>) -> Option<Self> {
+        let mut flat = errors.into_iter().flat_map(|mut e| {
+            let more = std::mem::take(&mut e.more);
+            std::iter::once(e).chain(more)
+        });
+        let mut first = flat.next()?;
+        first.more = flat.collect();
+        Some(first)
+    }
+}
+
+/// The value of `result`, or `None` with its error kept in `errors`: the
+/// sections of a file are checked one after another, and every mistake is
+/// reported together.
+fn kept<T>(errors: &mut Vec<ConfigError>, result: Result<T, ConfigError>) -> Option<T> {
+    result.map_err(|e| errors.push(e)).ok()
 }
 
 /// The resource types the built-in manager can cache: `(apiVersion, kind)`
@@ -348,6 +395,29 @@ impl Restartable {
 // The file's shape. Everything optional is defaulted in `validate`, so that
 // every error can name its field.
 
+/// The sections of a file that [`Checker::sections`] checks together.
+struct RawSections {
+    admin: Option<RawAdmin>,
+    probe: Option<RawProbe>,
+    supervisor: Option<RawSupervisor>,
+    remotes: Option<Vec<RawRemote>>,
+    watch: Option<Vec<RawWatch>>,
+    leader_election: Option<RawLeaderElection>,
+    sharding: Option<RawSharding>,
+}
+
+/// Those sections, checked; `watch` as the file gives it, if it does.
+struct Sections {
+    drain_window: Duration,
+    admin_address: SocketAddr,
+    probe: ProbeConfig,
+    supervisor: SupervisorConfig,
+    remotes: Vec<RemoteSpec>,
+    leader_election: Option<LeaderElectionSpec>,
+    sharding: Option<ShardingSpec>,
+    watch: Option<Vec<WatchSpec>>,
+}
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct RawConfig {
@@ -567,11 +637,7 @@ struct Checker<'a> {
 
 impl Checker<'_> {
     fn error(&self, field: impl Into<String>, message: impl Into<String>) -> ConfigError {
-        ConfigError {
-            file: self.file.to_owned(),
-            field: field.into(),
-            message: message.into(),
-        }
+        ConfigError::new(self.file, field, message)
     }
 
     fn duration(
@@ -592,6 +658,87 @@ impl Checker<'_> {
         readable_file(&path)
             .map(|()| path)
             .map_err(|message| self.error(field, message))
+    }
+
+    /// Every section of `raw` but the manager, each checked even after
+    /// another failed: every mistake in the file is reported at once.
+    fn sections(&self, raw: RawSections) -> Result<Sections, ConfigError> {
+        let RawSections {
+            admin,
+            probe,
+            supervisor,
+            remotes,
+            watch,
+            leader_election,
+            sharding,
+        } = raw;
+        let mut errors = Vec::new();
+        let admin = admin.unwrap_or_default();
+        let drain_window = kept(
+            &mut errors,
+            self.duration(
+                "admin.drainWindow",
+                admin.drain_window.as_ref(),
+                DEFAULT_DRAIN_WINDOW,
+            ),
+        );
+        let admin_address = admin.address.unwrap_or_else(|| "0.0.0.0:9090".to_owned());
+        let admin_address = kept(
+            &mut errors,
+            admin_address.parse().map_err(|e| {
+                self.error(
+                    "admin.address",
+                    format!("{admin_address:?} is not an address like 0.0.0.0:9090: {e}"),
+                )
+            }),
+        );
+        let probe = kept(&mut errors, self.probe(probe.unwrap_or_default()));
+        let supervisor = kept(&mut errors, self.supervisor(supervisor.unwrap_or_default()));
+        let remotes = kept(&mut errors, self.remotes(remotes.unwrap_or_default()));
+        let leader_election = kept(
+            &mut errors,
+            self.leader_election(leader_election.unwrap_or_default()),
+        );
+        let sharding = leader_election.as_ref().and_then(|election| {
+            kept(
+                &mut errors,
+                self.sharding(sharding.unwrap_or_default(), election.as_ref()),
+            )
+        });
+        let watch = watch.and_then(|watch| kept(&mut errors, self.watch(watch)));
+        if let Some(errors) = ConfigError::all(errors) {
+            return Err(errors);
+        }
+        let (
+            Some(drain_window),
+            Some(admin_address),
+            Some(probe),
+            Some(supervisor),
+            Some(remotes),
+            Some(leader_election),
+            Some(sharding),
+        ) = (
+            drain_window,
+            admin_address,
+            probe,
+            supervisor,
+            remotes,
+            leader_election,
+            sharding,
+        )
+        else {
+            unreachable!("a section without an error has its value");
+        };
+        Ok(Sections {
+            drain_window,
+            admin_address,
+            probe,
+            supervisor,
+            remotes,
+            leader_election,
+            sharding,
+            watch,
+        })
     }
 
     fn probe(&self, raw: RawProbe) -> Result<ProbeConfig, ConfigError> {
@@ -667,87 +814,99 @@ impl Checker<'_> {
         }
         let mut seen: BTreeMap<String, usize> = BTreeMap::new();
         let mut remotes = Vec::with_capacity(raw.len());
+        let mut errors = Vec::new();
         for (i, remote) in raw.into_iter().enumerate() {
-            let at = |field: &str| format!("remotes[{i}].{field}");
-            let name = remote
-                .name
-                .ok_or_else(|| self.error(at("name"), "is required"))?;
-            if !valid_name(&name) {
-                return Err(self.error(
-                    at("name"),
-                    format!("{name:?} must be 1-63 lower-case letters, digits, '-', '.' or '_'"),
-                ));
-            }
-            if let Some(first) = seen.insert(name.clone(), i) {
-                return Err(self.error(
-                    at("name"),
-                    format!("{name:?} is already the name of remotes[{first}]"),
-                ));
-            }
-            let source = match (remote.kubeconfig, remote.server) {
-                (Some(_), Some(_)) => {
-                    return Err(self.error(
-                        format!("remotes[{i}]"),
-                        "set either kubeconfig or server, not both",
-                    ));
-                }
-                (None, None) => {
-                    return Err(
-                        self.error(format!("remotes[{i}]"), "needs a kubeconfig or a server")
-                    );
-                }
-                (Some(path), None) => {
-                    for (field, set) in [
-                        ("caFile", remote.ca_file.is_some()),
-                        ("tokenFile", remote.token_file.is_some()),
-                        (
-                            "insecureSkipTlsVerify",
-                            remote.insecure_skip_tls_verify.is_some(),
-                        ),
-                    ] {
-                        if set {
-                            return Err(self.error(
-                                at(field),
-                                "only goes with server; the kubeconfig says how to connect",
-                            ));
-                        }
-                    }
-                    RemoteSource::Kubeconfig {
-                        path: self.existing_file(&at("kubeconfig"), &path)?,
-                        context: remote.context,
-                    }
-                }
-                (None, Some(server)) => {
-                    if remote.context.is_some() {
-                        return Err(self.error(at("context"), "only goes with kubeconfig"));
-                    }
-                    let uri: http::Uri = server.parse().map_err(|e| {
-                        self.error(at("server"), format!("invalid URL {server:?}: {e}"))
-                    })?;
-                    tether_probes::normalize_url(&uri).map_err(|e| {
-                        self.error(at("server"), format!("invalid URL {server:?}: {e}"))
-                    })?;
-                    RemoteSource::Direct {
-                        server,
-                        ca_file: remote
-                            .ca_file
-                            .map(|f| self.existing_file(&at("caFile"), &f))
-                            .transpose()?,
-                        token_file: remote
-                            .token_file
-                            .map(|f| self.existing_file(&at("tokenFile"), &f))
-                            .transpose()?,
-                        insecure_skip_tls_verify: remote.insecure_skip_tls_verify.unwrap_or(false),
-                    }
-                }
-            };
-            remotes.push(RemoteSpec {
-                name,
-                required: remote.required.unwrap_or(true),
-                source,
-            });
+            remotes.extend(kept(&mut errors, self.remote(i, remote, &mut seen)));
         }
-        Ok(remotes)
+        match ConfigError::all(errors) {
+            Some(errors) => Err(errors),
+            None => Ok(remotes),
+        }
+    }
+
+    /// Remote `i`, whose name must not be in `seen` yet.
+    fn remote(
+        &self,
+        i: usize,
+        remote: RawRemote,
+        seen: &mut BTreeMap<String, usize>,
+    ) -> Result<RemoteSpec, ConfigError> {
+        let at = |field: &str| format!("remotes[{i}].{field}");
+        let name = remote
+            .name
+            .ok_or_else(|| self.error(at("name"), "is required"))?;
+        if !valid_name(&name) {
+            return Err(self.error(
+                at("name"),
+                format!("{name:?} must be 1-63 lower-case letters, digits, '-', '.' or '_'"),
+            ));
+        }
+        if let Some(first) = seen.insert(name.clone(), i) {
+            return Err(self.error(
+                at("name"),
+                format!("{name:?} is already the name of remotes[{first}]"),
+            ));
+        }
+        let source = match (remote.kubeconfig, remote.server) {
+            (Some(_), Some(_)) => {
+                return Err(self.error(
+                    format!("remotes[{i}]"),
+                    "set either kubeconfig or server, not both",
+                ));
+            }
+            (None, None) => {
+                return Err(self.error(format!("remotes[{i}]"), "needs a kubeconfig or a server"));
+            }
+            (Some(path), None) => {
+                for (field, set) in [
+                    ("caFile", remote.ca_file.is_some()),
+                    ("tokenFile", remote.token_file.is_some()),
+                    (
+                        "insecureSkipTlsVerify",
+                        remote.insecure_skip_tls_verify.is_some(),
+                    ),
+                ] {
+                    if set {
+                        return Err(self.error(
+                            at(field),
+                            "only goes with server; the kubeconfig says how to connect",
+                        ));
+                    }
+                }
+                RemoteSource::Kubeconfig {
+                    path: self.existing_file(&at("kubeconfig"), &path)?,
+                    context: remote.context,
+                }
+            }
+            (None, Some(server)) => {
+                if remote.context.is_some() {
+                    return Err(self.error(at("context"), "only goes with kubeconfig"));
+                }
+                let uri: http::Uri = server.parse().map_err(|e| {
+                    self.error(at("server"), format!("invalid URL {server:?}: {e}"))
+                })?;
+                tether_probes::normalize_url(&uri).map_err(|e| {
+                    self.error(at("server"), format!("invalid URL {server:?}: {e}"))
+                })?;
+                RemoteSource::Direct {
+                    server,
+                    ca_file: remote
+                        .ca_file
+                        .map(|f| self.existing_file(&at("caFile"), &f))
+                        .transpose()?,
+                    token_file: remote
+                        .token_file
+                        .map(|f| self.existing_file(&at("tokenFile"), &f))
+                        .transpose()?,
+                    insecure_skip_tls_verify: remote.insecure_skip_tls_verify.unwrap_or(false),
+                }
+            }
+        };
+        Ok(RemoteSpec {
+            name,
+            required: remote.required.unwrap_or(true),
+            source,
+        })
     }
 
     fn readiness(&self, r: RawReadiness) -> Result<ReadinessSpec, ConfigError> {
@@ -1022,55 +1181,76 @@ impl Checker<'_> {
     }
 
     fn watch(&self, raw: Vec<RawWatch>) -> Result<Vec<WatchSpec>, ConfigError> {
-        raw.into_iter()
+        let mut errors = Vec::new();
+        let watch: Vec<WatchSpec> = raw
+            .into_iter()
             .enumerate()
-            .map(|(i, watch)| {
-                let api_version = watch
-                    .api_version
-                    .ok_or_else(|| self.error(format!("watch[{i}].apiVersion"), "is required"))?;
-                let kind = watch
-                    .kind
-                    .ok_or_else(|| self.error(format!("watch[{i}].kind"), "is required"))?;
-                let (_, _, plural, namespaced) = KNOWN_KINDS
+            .filter_map(|(i, watch)| kept(&mut errors, self.watch_item(i, watch)))
+            .collect();
+        match ConfigError::all(errors) {
+            Some(errors) => Err(errors),
+            None => Ok(watch),
+        }
+    }
+
+    /// Item `i` of the watch list.
+    fn watch_item(&self, i: usize, watch: RawWatch) -> Result<WatchSpec, ConfigError> {
+        let api_version = watch
+            .api_version
+            .ok_or_else(|| self.error(format!("watch[{i}].apiVersion"), "is required"))?;
+        let kind = watch
+            .kind
+            .ok_or_else(|| self.error(format!("watch[{i}].kind"), "is required"))?;
+        let (_, _, plural, namespaced) = KNOWN_KINDS
+            .iter()
+            .find(|(v, k, _, _)| *v == api_version && *k == kind)
+            .ok_or_else(|| {
+                let known: Vec<String> = KNOWN_KINDS
                     .iter()
-                    .find(|(v, k, _, _)| *v == api_version && *k == kind)
-                    .ok_or_else(|| {
-                        let known: Vec<String> = KNOWN_KINDS
-                            .iter()
-                            .map(|(v, k, _, _)| format!("{v}/{k}"))
-                            .collect();
-                        self.error(
-                            format!("watch[{i}]"),
-                            format!(
-                                "unknown apiVersion/kind {api_version}/{kind}; known: {}",
-                                known.join(", ")
-                            ),
+                    .map(|(v, k, _, _)| format!("{v}/{k}"))
+                    .collect();
+                let given = format!("{api_version}/{kind}");
+                let closest = known
+                    .iter()
+                    .map(|k| {
+                        (
+                            strsim::jaro_winkler(&given.to_lowercase(), &k.to_lowercase()),
+                            k,
                         )
-                    })?;
-                if !namespaced && watch.namespace.is_some() {
-                    return Err(self.error(
-                        format!("watch[{i}].namespace"),
-                        format!("{kind} is not namespaced"),
-                    ));
-                }
-                if let Some(selector) = &watch.label_selector {
-                    tether_testkit::check_label_selector(selector).map_err(|reason| {
-                        self.error(
-                            format!("watch[{i}].labelSelector"),
-                            format!("{selector:?} is not a label selector: {reason}"),
-                        )
-                    })?;
-                }
-                Ok(WatchSpec {
-                    api_version,
-                    kind,
-                    plural: (*plural).to_owned(),
-                    namespaced: *namespaced,
-                    namespace: watch.namespace,
-                    label_selector: watch.label_selector,
-                })
-            })
-            .collect()
+                    })
+                    .max_by(|a, b| a.0.total_cmp(&b.0))
+                    .filter(|(score, _)| *score > 0.9);
+                let message = match closest {
+                    Some((_, k)) => format!("unknown apiVersion/kind {given}; did you mean {k}?"),
+                    None => format!(
+                        "unknown apiVersion/kind {given}; known: {}",
+                        known.join(", ")
+                    ),
+                };
+                self.error(format!("watch[{i}]"), message)
+            })?;
+        if !namespaced && watch.namespace.is_some() {
+            return Err(self.error(
+                format!("watch[{i}].namespace"),
+                format!("{kind} is not namespaced"),
+            ));
+        }
+        if let Some(selector) = &watch.label_selector {
+            tether_testkit::check_label_selector(selector).map_err(|reason| {
+                self.error(
+                    format!("watch[{i}].labelSelector"),
+                    format!("{selector:?} is not a label selector: {reason}"),
+                )
+            })?;
+        }
+        Ok(WatchSpec {
+            api_version,
+            kind,
+            plural: (*plural).to_owned(),
+            namespaced: *namespaced,
+            namespace: watch.namespace,
+            label_selector: watch.label_selector,
+        })
     }
 }
 
@@ -1099,15 +1279,12 @@ fn parse_error(file: &str, path: &str, err: &serde_saphyr::Error) -> ConfigError
             .unwrap_or("invalid YAML")
             .to_owned(),
     };
-    ConfigError {
-        file: file.to_owned(),
-        field: if path.is_empty() || path == "." {
-            "(document)".to_owned()
-        } else {
-            path.to_owned()
-        },
-        message,
-    }
+    let field = if path.is_empty() || path == "." {
+        "(document)"
+    } else {
+        path
+    };
+    ConfigError::new(file, field, message)
 }
 
 /// The default watch list: namespaces, enough to prove a remote's watch
@@ -1150,11 +1327,8 @@ impl Config {
     /// Reads `path` and parses it as [`parse_as`](Self::parse_as) does.
     fn read(path: &Path, running: Option<&Self>) -> Result<(Self, Vec<&'static str>), ConfigError> {
         let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-            file: file.clone(),
-            field: "(file)".to_owned(),
-            message: format!("cannot read it: {e}"),
-        })?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::new(&file, "(file)", format!("cannot read it: {e}")))?;
         let base = path.parent().unwrap_or_else(|| Path::new("."));
         Self::parse_as(&text, &file, base, running).map(|(mut config, restart)| {
             config.file = Some(path.to_owned());
@@ -1195,25 +1369,24 @@ impl Config {
             .map_err(|err| parse_error(file, &path, &err))?
         };
         let check = Checker { file, base };
-        let admin = raw.admin.unwrap_or_default();
-        let drain_window = check.duration(
-            "admin.drainWindow",
-            admin.drain_window.as_ref(),
-            DEFAULT_DRAIN_WINDOW,
-        )?;
-        let admin_address = admin.address.unwrap_or_else(|| "0.0.0.0:9090".to_owned());
-        let admin_address = admin_address.parse().map_err(|e| {
-            check.error(
-                "admin.address",
-                format!("{admin_address:?} is not an address like 0.0.0.0:9090: {e}"),
-            )
+        let Sections {
+            drain_window,
+            admin_address,
+            probe,
+            supervisor,
+            remotes,
+            leader_election,
+            sharding,
+            watch,
+        } = check.sections(RawSections {
+            admin: raw.admin,
+            probe: raw.probe,
+            supervisor: raw.supervisor,
+            remotes: raw.remotes,
+            watch: raw.watch,
+            leader_election: raw.leader_election,
+            sharding: raw.sharding,
         })?;
-        let probe = check.probe(raw.probe.unwrap_or_default())?;
-        let supervisor = check.supervisor(raw.supervisor.unwrap_or_default())?;
-        let remotes = check.remotes(raw.remotes.unwrap_or_default())?;
-        let leader_election = check.leader_election(raw.leader_election.unwrap_or_default())?;
-        let sharding =
-            check.sharding(raw.sharding.unwrap_or_default(), leader_election.as_ref())?;
         // At a reload, the sections that change only at a restart keep
         // their running values: the exec manager's grace period is checked,
         // and defaulted, against the shutdown grace and the election's fence
@@ -1264,14 +1437,14 @@ impl Config {
         }
         // Absent: the default. An explicit empty list watches nothing. The
         // exec manager watches nothing itself.
-        let watch = match (raw.watch, &exec) {
+        let watch = match (watch, &exec) {
             (Some(_), Some(_)) => {
                 return Err(check.error(
                     "watch",
                     "does not go with manager.exec: the built-in watch manager and the exec manager are two managers; keep one",
                 ));
             }
-            (Some(watch), None) => check.watch(watch)?,
+            (Some(watch), None) => watch,
             (None, None) => default_watch(),
             (None, Some(_)) => Vec::new(),
         };
@@ -1326,11 +1499,7 @@ impl Config {
     /// `manager.exec` has no command and none was given.
     pub fn with_command(mut self, command: Vec<String>) -> Result<Self, ConfigError> {
         let file = self.label();
-        let error = |field: &str, message: String| ConfigError {
-            file: file.clone(),
-            field: field.to_owned(),
-            message,
-        };
+        let error = |field: &str, message: String| ConfigError::new(&file, field, message);
         let clash = "and a command was given after `--` too; keep one";
         match (&mut self.exec, command.is_empty()) {
             (Some(exec), true) if exec.command.is_empty() => {
@@ -1443,6 +1612,42 @@ mod tests {
     }
 
     const REMOTE: &str = "remotes: [{name: a, server: \"https://h:6443\"}]\n";
+
+    #[test]
+    fn every_mistake_in_a_file_is_shown_each_on_its_line() {
+        let err = parse(
+            "probe: {interval: 0s}\nremotes: [{name: A, server: \"https://h:6443\"}, {name: b}]\nwatch: [{apiVersion: v1, kind: Configmap}, {apiVersion: v1}]\n",
+        )
+        .expect_err("five mistakes");
+        let fields: Vec<&str> = std::iter::once(&err)
+            .chain(&err.more)
+            .map(|e| e.field.as_str())
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                "probe.interval",
+                "remotes[0].name",
+                "remotes[1]",
+                "watch[0]",
+                "watch[1].kind"
+            ],
+            "{err}"
+        );
+        assert_eq!(err.to_string().lines().count(), 5, "{err}");
+    }
+
+    #[test]
+    fn a_kind_in_the_wrong_case_gets_the_known_one_as_a_suggestion() {
+        let err = parse(&format!(
+            "{REMOTE}watch: [{{apiVersion: v1, kind: Configmap}}]\n"
+        ))
+        .expect_err("unknown kind");
+        assert_eq!(
+            err.to_string(),
+            "t.yaml: watch[0]: unknown apiVersion/kind v1/Configmap; did you mean v1/ConfigMap?"
+        );
+    }
 
     #[test]
     fn an_unknown_key_names_its_path_and_the_closest_known_one() {

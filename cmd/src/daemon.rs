@@ -20,11 +20,13 @@ use tracing::{error, info, warn};
 
 use crate::admin::{self, Admin, Heartbeats, Sources};
 use crate::config::{Config, ConfigError};
+use crate::events::{Events, Publisher, Reason};
 use crate::exec::{ExecManager, ProcessHandle};
 use crate::lease::election::{self, Election, ElectionHandle};
 use crate::lease::shard::{ShardHandle, Sharding};
 use crate::manager::{ManagerHandle, Plan, WatchManager};
 use crate::remote;
+use crate::sources::{self, Role};
 
 /// The manager the supervisor drives: the built-in watch manager, or a
 /// process.
@@ -114,6 +116,108 @@ pub struct Daemon {
     resolved: Vec<remote::ResolvedRemote>,
     /// The sharding, when on.
     sharded: Option<Sharded>,
+    /// Probes asking to have their remotes' files re-read (a TLS failure or
+    /// a 401), each with where to say it was done; taken by the run loop.
+    rechecks: Option<tokio::sync::mpsc::Receiver<Recheck>>,
+    /// Events on tether's own Pod, when it runs in one.
+    events: Option<EventsRunning>,
+}
+
+/// The Events on tether's Pod: where to send them, and the task that
+/// records each cycle's end and leadership change.
+#[derive(Debug)]
+struct EventsRunning {
+    events: Events,
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+    publisher: Publisher,
+}
+
+impl EventsRunning {
+    fn spawn(
+        events: Events,
+        publisher: Publisher,
+        supervisor: &SupervisorHandle,
+        election: Option<&ElectionHandle>,
+    ) -> Self {
+        let watching = events.clone();
+        let (supervisor, election) = (supervisor.clone(), election.cloned());
+        let (stop, task) = spawn_until(|stop| watching.watch(supervisor, election, stop));
+        Self {
+            events,
+            stop,
+            task,
+            publisher,
+        }
+    }
+
+    /// Records what the shutdown ended (the last cycle, the leadership),
+    /// then waits a moment for it to be sent.
+    async fn finish(self) {
+        self.stop.cancel();
+        let _ = self.task.await;
+        drop(self.events);
+        self.publisher.flush().await;
+    }
+}
+
+/// Events on tether's Pod, when it runs in one (`POD_NAME` and
+/// `POD_NAMESPACE` from the downward API): sent to the home cluster, the
+/// leader election's kubeconfig or in-cluster. Without a client, a warning
+/// and no Events; tether runs on.
+async fn start_events(config: &Config, registry: &Registry) -> Option<(Events, Publisher)> {
+    let pod = crate::events::own_pod()?;
+    let kubeconfig = config
+        .leader_election
+        .as_ref()
+        .and_then(|spec| spec.kubeconfig.clone());
+    let client = match crate::lease::home_cluster(kubeconfig.as_deref()).await {
+        Ok(mut home) => {
+            home.default_retry = false;
+            home.connect_timeout = Some(Duration::from_secs(5));
+            home.read_timeout = Some(Duration::from_secs(5));
+            tether_probes::once_off_workers(move || kube::Client::try_from(home))
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|built| built.map_err(|e| tether_supervisor::error_chain(&e)))
+        }
+        Err(err) => Err(tether_supervisor::error_chain(&err)),
+    };
+    match client.map(|client| Events::start(client, pod, registry)) {
+        Ok(Ok(started)) => Some(started),
+        Ok(Err(err)) => {
+            warn!(error = %err, "cannot count Events; none are recorded");
+            None
+        }
+        Err(error) => {
+            warn!(%error, "no client for the home cluster; no Events are recorded on tether's Pod");
+            None
+        }
+    }
+}
+
+/// A probe's ask to re-read its remotes' files, and where to say it is done.
+type Recheck = (Vec<String>, tokio::sync::oneshot::Sender<()>);
+
+/// How many probes' asks to re-read their files may wait at once; a probe
+/// that finds no room counts its failure as it would have anyway.
+const RECHECKS_WAITING: usize = 64;
+
+/// Lets `probes` ask the daemon to re-read a remote's files before a
+/// failure that rotated credentials explain is counted; the daemon's run
+/// loop answers through the receiver.
+fn rechecks(probes: &ProbeSet) -> tokio::sync::mpsc::Receiver<Recheck> {
+    let (asks, asked) = tokio::sync::mpsc::channel::<Recheck>(RECHECKS_WAITING);
+    probes.recheck_with(Arc::new(move |names| {
+        let asks = asks.clone();
+        Box::pin(async move {
+            let (done, wait) = tokio::sync::oneshot::channel();
+            if asks.try_send((names, done)).is_ok() {
+                let _ = wait.await;
+            }
+        })
+    }));
+    asked
 }
 
 /// The running sharding, as the daemon drives it.
@@ -126,6 +230,22 @@ struct Sharded {
     /// replica with no share runs no manager (an exec child included) and
     /// stands by.
     gate: tokio::sync::watch::Sender<bool>,
+}
+
+impl Sharded {
+    fn run(
+        sharding: Sharding,
+        handle: ShardHandle,
+        gate: tokio::sync::watch::Sender<bool>,
+    ) -> Self {
+        let (stop, task) = spawn_until(|stop| sharding.run(stop));
+        Self {
+            handle,
+            stop,
+            task,
+            gate,
+        }
+    }
 }
 
 /// The manager `config` asks for, the built-in watch manager's handle (the
@@ -228,20 +348,70 @@ async fn start_election(
     Ok(Some(Arc::new(election)))
 }
 
-/// A Lease setup error: a namespace that cannot be known is the config's.
+/// A Lease setup error. What the config decides (the Lease's namespace, the
+/// cluster that holds it, its kubeconfig) is the config's, exit 2;
+/// anything else is a setup failure.
 fn lease_error(config: &Config, what: &'static str) -> impl Fn(election::Error) -> StartError {
     let file = config.label();
-    move |err| match err {
-        election::Error::NoNamespace => StartError::Config(ConfigError {
-            file: file.clone(),
-            field: "leaderElection.leaseNamespace".to_owned(),
-            message: "is required outside a pod".to_owned(),
-        }),
-        other => StartError::Setup {
-            what,
-            source: other.into(),
-        },
+    move |err| {
+        let config_error = |field: &str| {
+            StartError::Config(ConfigError::new(
+                &file,
+                field,
+                tether_supervisor::error_chain(&err),
+            ))
+        };
+        match &err {
+            election::Error::NoNamespace => config_error("leaderElection.leaseNamespace"),
+            election::Error::Kubeconfig(_) => config_error("leaderElection.kubeconfig"),
+            election::Error::Infer(_) => config_error("leaderElection"),
+            _ => StartError::Setup {
+                what,
+                source: err.into(),
+            },
+        }
     }
+}
+
+/// The exec manager's command, if it is one, must be a program that can be
+/// run.
+fn exec_command(config: &Config) -> Result<(), StartError> {
+    let Some(exec) = &config.exec else {
+        return Ok(());
+    };
+    crate::exec::find_command(exec)
+        .map(drop)
+        .map_err(|message| {
+            StartError::Config(ConfigError::new(
+                &config.label(),
+                "manager.exec.command",
+                message,
+            ))
+        })
+}
+
+/// Checks what `run` needs beyond the config file itself, without starting
+/// anything: the client of the leader election's (or sharding's) Lease, and
+/// the exec manager's command. `validate` and `check` run it; so does
+/// [`Daemon::start`], first.
+///
+/// # Errors
+///
+/// [`StartError::Config`] naming the field; [`StartError::Setup`] for
+/// anything else.
+pub async fn preflight(config: &Config) -> Result<(), StartError> {
+    exec_command(config)?;
+    if let Some(spec) = &config.leader_election {
+        let what = if config.sharding.is_some() {
+            "sharding"
+        } else {
+            "leader election"
+        };
+        crate::lease::Leases::new(spec)
+            .await
+            .map_err(lease_error(config, what))?;
+    }
+    Ok(())
 }
 
 /// Spawns what `run` makes of a new stop token; returns the token and the
@@ -253,6 +423,16 @@ where
     let stop = CancellationToken::new();
     let task = tokio::spawn(run(stop.clone()));
     (stop, task)
+}
+
+/// Runs `election` until its stop token: the election, the token and the
+/// task, for the release at shutdown.
+fn run_election(election: Arc<Election>) -> (Arc<Election>, CancellationToken, JoinHandle<()>) {
+    let (stop, task) = spawn_until(|stop| {
+        let election = Arc::clone(&election);
+        async move { election.run(stop).await }
+    });
+    (election, stop, task)
 }
 
 /// The process's registry, with the process collector and the reload
@@ -318,6 +498,7 @@ impl Daemon {
     /// non-zero otherwise.
     pub async fn start(config: Config) -> Result<Self, StartError> {
         let remotes = remote::resolve(&config).await?;
+        exec_command(&config)?;
         // Bind first: never run without health endpoints.
         let (listener, admin_address) = listen(config.admin_address).await?;
 
@@ -353,7 +534,7 @@ impl Daemon {
         let supervisor_handle = supervisor.handle();
         let draining = Arc::new(AtomicBool::new(false));
         let admin = Admin::new(
-            registry,
+            registry.clone(),
             Sources {
                 supervisor: supervisor_handle.clone(),
                 probes: probes.clone(),
@@ -379,22 +560,20 @@ impl Daemon {
             admin_stop.clone(),
         ));
         let run = tokio::spawn(supervisor.run(root.clone()));
-        let elected = election.map(|election| {
-            let task = spawn_until(|stop| {
-                let election = Arc::clone(&election);
-                async move { election.run(stop).await }
+        let elected = election.map(run_election);
+        let sharded = sharding
+            .zip(shard)
+            .map(|(sharding, handle)| Sharded::run(sharding, handle, shard_gate));
+        let events = start_events(&config, &registry)
+            .await
+            .map(|(events, publisher)| {
+                EventsRunning::spawn(
+                    events,
+                    publisher,
+                    &supervisor_handle,
+                    election_handle.as_ref(),
+                )
             });
-            (election, task.0, task.1)
-        });
-        let sharded = sharding.zip(shard).map(|(sharding, handle)| {
-            let (stop, task) = spawn_until(|stop| sharding.run(stop));
-            Sharded {
-                handle,
-                stop,
-                task,
-                gate: shard_gate,
-            }
-        });
         info!(
             admin = %admin_address,
             remotes = config.remotes.len(),
@@ -410,6 +589,7 @@ impl Daemon {
             admin_address,
             admin,
             config,
+            rechecks: Some(rechecks(&probe_set)),
             probe_set,
             root,
             draining,
@@ -419,6 +599,7 @@ impl Daemon {
             elected,
             resolved: remotes,
             sharded,
+            events,
         })
     }
 
@@ -446,35 +627,47 @@ impl Daemon {
         let (next, restart) = Config::reload(path, &self.config)?;
         let next = next.with_command(self.config.command_line.clone())?;
         if next.exec.is_some() != self.config.exec.is_some() {
-            return Err(ConfigError {
-                file: next.label(),
-                field: "manager.exec".to_owned(),
-                message: "switching between the built-in watch manager and the exec manager takes a restart".to_owned(),
-            });
+            return Err(ConfigError::new(
+                &next.label(),
+                "manager.exec",
+                "switching between the built-in watch manager and the exec manager takes a restart",
+            ));
         }
-        let remotes = remote::resolve(&next).await?;
-        let shard = self.sharded.as_ref().map(|s| &s.handle);
-        if let Some(shard) = shard {
-            shard.set_remotes(remote::keys(&remotes));
+        let mut remotes = remote::resolve(&next).await?;
+        for remote in &mut remotes {
+            let Some(old) = self.resolved.iter().find(|old| old.name == remote.name) else {
+                continue;
+            };
+            let mut changed: Vec<Role> = remote
+                .files
+                .iter()
+                .filter(|file| !old.files.iter().any(|o| o.same_as(file)))
+                .map(sources::SourceFile::role)
+                .collect();
+            changed.dedup();
+            if changed.is_empty() && old.source == remote.source {
+                // The same settings: its probe keeps its client and
+                // connection.
+                remote.config = Arc::clone(&old.config);
+            } else if changed.is_empty() {
+                info!(remote = %remote.name, "its settings in the config changed; client rebuilt");
+            } else {
+                info!(remote = %remote.name, "{} changed; client rebuilt", sources::shown(&changed));
+            }
         }
-        let running = held(&remotes, shard);
-        self.probe_set
-            .sync(&remote::probed(&running))
-            .map_err(|err| ConfigError {
-                file: next.label(),
-                field: "remotes".to_owned(),
-                message: tether_supervisor::error_chain(&err),
-            })?;
+        self.sync_remotes(&remotes, &next.watch).map_err(|err| {
+            ConfigError::new(
+                &next.label(),
+                "remotes",
+                tether_supervisor::error_chain(&err),
+            )
+        })?;
         for section in restart {
             warn!(
                 section,
                 "this section changed, and takes effect only after a restart; the running one stays"
             );
         }
-        self.manager.update(Plan {
-            remotes: running,
-            watch: next.watch.clone(),
-        });
         self.resolved = remotes;
         if let (Some(process), Some(spec)) = (&self.process, &next.exec) {
             process.update(spec.clone());
@@ -488,6 +681,109 @@ impl Daemon {
         );
         self.config = next;
         Ok(())
+    }
+
+    /// Probes, and plans for the manager's next cycle, the remotes of
+    /// `remotes` this replica holds.
+    fn sync_remotes(
+        &self,
+        remotes: &[remote::ResolvedRemote],
+        watch: &[crate::config::WatchSpec],
+    ) -> tether_probes::Result<()> {
+        let shard = self.sharded.as_ref().map(|s| &s.handle);
+        if let Some(shard) = shard {
+            shard.set_remotes(remote::keys(remotes));
+        }
+        let running = held(remotes, shard);
+        self.probe_set.sync(&remote::probed(&running))?;
+        self.manager.update(Plan {
+            remotes: running,
+            watch: watch.to_vec(),
+        });
+        Ok(())
+    }
+
+    /// Re-reads the files of the remotes named (every remote, with `None`)
+    /// and rebuilds the client of each whose files changed: its probe's
+    /// now, the manager's in the next cycle. Other remotes keep theirs.
+    ///
+    /// A token file alone leaves the cycle running: the manager's clients
+    /// re-read it by themselves, as client-go does. Any other file ends the
+    /// cycle (`config_changed`): its clients hold the old CA, certificate or
+    /// kubeconfig. A change that does not load is logged once, and the
+    /// remote keeps its last good settings.
+    async fn refresh_remotes(&mut self, only: Option<&[String]>) {
+        let mut ends_cycle = false;
+        let mut rebuilt = 0;
+        for (index, roles) in self.changed_files(only).await {
+            let Some(spec) = self.config.remotes.get(index) else {
+                continue;
+            };
+            let what = sources::shown(&roles);
+            match remote::resolve_one(&self.config, index, spec).await {
+                Ok(fresh) => {
+                    info!(remote = %spec.name, "{what} changed; client rebuilt");
+                    self.resolved[index] = fresh;
+                    ends_cycle |= roles.iter().any(|r| *r != Role::TokenFile);
+                    rebuilt += 1;
+                }
+                Err(err) => {
+                    error!(remote = %spec.name, error = %err, "{what} changed, but cannot be used; the remote keeps its last good settings");
+                }
+            }
+        }
+        if rebuilt == 0 {
+            return;
+        }
+        if let Err(err) = self.sync_remotes(&self.resolved, &self.config.watch) {
+            // The same names and URLs as before: this cannot fail, but if it
+            // did, the probes keep what they had.
+            error!(error = %err, "applying the rebuilt clients failed");
+            return;
+        }
+        if ends_cycle && self.supervisor.end_cycle(Cause::ConfigChanged) {
+            info!(
+                rebuilt,
+                "the cycle ends, so that the manager's clients use the new files"
+            );
+        }
+    }
+
+    /// The remotes (those named, or every one) whose files changed, by
+    /// index, with what changed. The `stat` calls run off the async
+    /// workers: at thousands of remotes a sweep is tens of thousands.
+    async fn changed_files(&mut self, only: Option<&[String]>) -> Vec<(usize, Vec<Role>)> {
+        let files: Vec<(usize, Vec<sources::SourceFile>)> = self
+            .resolved
+            .iter_mut()
+            .enumerate()
+            .filter(|(_, r)| only.is_none_or(|names| names.contains(&r.name)))
+            .map(|(index, r)| (index, std::mem::take(&mut r.files)))
+            .collect();
+        let swept = tokio::task::spawn_blocking(move || {
+            let mut files = files;
+            let changed: Vec<(usize, Vec<Role>)> = files
+                .iter_mut()
+                .map(|(index, files)| (*index, sources::changed(files)))
+                .filter(|(_, roles)| !roles.is_empty())
+                .collect();
+            (files, changed)
+        })
+        .await;
+        match swept {
+            Ok((files, changed)) => {
+                for (index, files) in files {
+                    self.resolved[index].files = files;
+                }
+                changed
+            }
+            Err(err) => {
+                // Only a panic in `stat` could get here; the next reload
+                // reads the files again.
+                error!(error = %err, "checking the remotes' files failed; they are watched again after the next reload");
+                Vec::new()
+            }
+        }
     }
 
     /// Runs what the sharding now lets this replica hold: the probes and
@@ -536,6 +832,17 @@ impl Daemon {
             given_up = before.difference(&now).count(),
             "this replica's remotes changed"
         );
+        if let Some(events) = &self.events {
+            events.events.record(
+                Reason::ShardChanged,
+                &format!(
+                    "this replica now holds {} remote(s): took {}, gave up {}",
+                    now.len(),
+                    now.difference(&before).count(),
+                    before.difference(&now).count()
+                ),
+            );
+        }
         let supervisor = self.supervisor.clone();
         let shard = shard.clone();
         tokio::spawn(async move {
@@ -586,6 +893,10 @@ impl Daemon {
             let _ = task.await;
             election.release().await;
         }
+        // The last cycle's end and the leadership's release, on the Pod.
+        if let Some(events) = self.events {
+            events.finish().await;
+        }
         tokio::time::sleep_until(drained).await;
         self.admin_stop.cancel();
         info!(%outcome, "tether stopped");
@@ -593,7 +904,8 @@ impl Daemon {
     }
 
     /// Runs until SIGTERM or SIGINT, reloading on SIGHUP and when the config
-    /// file changes. Returns the exit code: 0, or 1 if the grace period ran
+    /// file changes, and rebuilding a remote's client when a file its
+    /// settings came from changes. Returns the exit code: 0, or 1 if the grace period ran
     /// out. A second SIGTERM or SIGINT exits at once with 130.
     pub async fn run_until_signalled(mut self, signals: Signals) -> u8 {
         let Signals {
@@ -611,6 +923,11 @@ impl Daemon {
             .file
             .as_ref()
             .and_then(|f| std::fs::read(f).ok());
+        // Taken once: this loop runs once.
+        let mut rechecks = self
+            .rechecks
+            .take()
+            .unwrap_or_else(|| tokio::sync::mpsc::channel(1).1);
         loop {
             tokio::select! {
                 _ = term.recv() => break,
@@ -621,12 +938,18 @@ impl Daemon {
                     seen = self.config.file.as_ref().and_then(|f| std::fs::read(f).ok());
                 }
                 Ok(()) = holding.changed() => self.apply_holding(),
+                Some((names, done)) = rechecks.recv() => {
+                    self.refresh_remotes(Some(&names)).await;
+                    let _ = done.send(());
+                }
                 _ = poll.tick() => {
                     let now = self.config.file.as_ref().and_then(|f| std::fs::read(f).ok());
                     if now.is_some() && now != seen {
                         info!("the config file changed: reloading");
                         seen = now;
                         self.reload().await;
+                    } else {
+                        self.refresh_remotes(None).await;
                     }
                 }
             }

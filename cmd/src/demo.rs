@@ -52,6 +52,10 @@ struct Seen {
     remotes: std::collections::BTreeMap<String, (Reachability, u32)>,
     /// When the cycle's wait for an unreachable remote was last told.
     waiting_told: Option<Instant>,
+    /// When the outage began, once it has.
+    outage: Option<Instant>,
+    /// Whether what would happen without tether was told.
+    without_told: bool,
 }
 
 /// How often a wait that goes on is told again: once per probe would be a
@@ -59,6 +63,50 @@ struct Seen {
 const RETELL_EVERY: Duration = Duration::from_secs(5);
 
 impl Narrator {
+    fn seen(&self) -> std::sync::MutexGuard<'_, Seen> {
+        self.seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Tells what changed of `remote` since `seen`.
+    fn tell_remote(&self, seen: &mut Seen, remote: &tether_probes::RemoteStatus) {
+        let previous = seen.remotes.insert(
+            remote.name.clone(),
+            (remote.state, remote.consecutive_failures),
+        );
+        let Some((state, failures)) = previous else {
+            return;
+        };
+        // Each failure toward the threshold is news; past it, the wait
+        // tells the streak now and then.
+        if remote.consecutive_failures > failures && remote.state != Reachability::Unreachable
+            || remote.state != state && remote.state == Reachability::Unreachable
+        {
+            self.say(&format!(
+                "{}: probe failed ({} in a row; unreachable at {THRESHOLD}): {}",
+                remote.name,
+                remote.consecutive_failures,
+                remote
+                    .last_cause
+                    .map_or("?", tether_probes::FailureCause::as_str)
+            ));
+        }
+        if remote.state != state {
+            let since = match (remote.state, seen.outage) {
+                (Reachability::Unreachable, Some(outage)) => format!(
+                    ", {:.1}s after the outage began; \"unreachable for\" counts from here",
+                    outage.elapsed().as_secs_f64()
+                ),
+                _ => String::new(),
+            };
+            self.say(&format!(
+                "{}: {state} -> {}{since}",
+                remote.name, remote.state
+            ));
+        }
+    }
+
     fn say(&self, line: &str) {
         crate::stdout::write(&format!(
             "[{:6.1}s] {line}\n",
@@ -130,6 +178,7 @@ pub async fn run(admin: SocketAddr, duration: Option<Duration>) -> Result<u8, De
         narrator.say(&format!(
             "OUTAGE: {VICTIM} stops answering (hang: connections accepted, never answered)"
         ));
+        narrator.seen().outage = Some(Instant::now());
         victim
             .set_fault(Fault::Hang)
             .await
@@ -183,38 +232,10 @@ async fn narrate_until(daemon: &Daemon, narrator: &Narrator, how_long: Option<Du
     loop {
         let status = daemon.supervisor.status();
         {
-            let mut seen = narrator
-                .seen
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut seen = narrator.seen();
             // A remote's change first: it is what ends or holds the cycle.
-            let remotes = daemon.probes.status();
-            for remote in &remotes {
-                let previous = seen.remotes.insert(
-                    remote.name.clone(),
-                    (remote.state, remote.consecutive_failures),
-                );
-                let Some((state, failures)) = previous else {
-                    continue;
-                };
-                // Each failure toward the threshold is news; past it, the
-                // wait below says the streak now and then.
-                if remote.consecutive_failures > failures
-                    && remote.state != Reachability::Unreachable
-                    || remote.state != state && remote.state == Reachability::Unreachable
-                {
-                    narrator.say(&format!(
-                        "{}: probe failed ({} in a row; unreachable at {THRESHOLD}): {}",
-                        remote.name,
-                        remote.consecutive_failures,
-                        remote
-                            .last_cause
-                            .map_or("?", tether_probes::FailureCause::as_str)
-                    ));
-                }
-                if remote.state != state {
-                    narrator.say(&format!("{}: {state} -> {}", remote.name, remote.state));
-                }
+            for remote in &daemon.probes.status() {
+                narrator.tell_remote(&mut seen, remote);
             }
             if status.cycle != seen.cycle {
                 seen.cycle = status.cycle;
@@ -233,6 +254,15 @@ async fn narrate_until(daemon: &Daemon, narrator: &Narrator, how_long: Option<Du
                         "cycle {} ended: {cause}; rebuilding in {wait:.1}s (backoff)",
                         status.cycle
                     ));
+                    let lost = status
+                        .last_cause()
+                        .is_some_and(|c| c.kind() == tether_supervisor::CauseKind::RemoteLost);
+                    if lost && !seen.without_told {
+                        seen.without_told = true;
+                        narrator.say(&format!(
+                            "  (without tether, the manager would not end: its watcher would retry {VICTIM} forever, the process would stay up and look healthy, and its caches of {VICTIM} would go stale with nothing said)"
+                        ));
+                    }
                 }
                 seen.phase = Some(status.phase);
             }

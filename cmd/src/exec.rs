@@ -231,6 +231,42 @@ fn find_program(
     Err(denied.unwrap_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound)))
 }
 
+/// The program `spec`'s command runs, found as its process will find it:
+/// on the `PATH` its environment sets, else tether's.
+fn spec_program(spec: &ExecSpec) -> std::io::Result<PathBuf> {
+    let program = spec.command.first().map_or("", String::as_str);
+    let path = spec
+        .env
+        .iter()
+        .rev()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| OsString::from(v))
+        .or_else(|| std::env::var_os("PATH"));
+    find_program(program, path.as_deref(), spec.working_dir.as_deref())
+}
+
+/// Whether `spec`'s program can be run: its path, or why not, fit to print.
+///
+/// # Errors
+///
+/// What is wrong with it: not found, or not an executable file.
+pub fn find_command(spec: &ExecSpec) -> Result<PathBuf, String> {
+    let program = spec.command.first().map_or("", String::as_str);
+    let shown = tether_supervisor::printable(program, 256);
+    spec_program(spec).map_err(|err| match err.kind() {
+        std::io::ErrorKind::NotFound if program.contains('/') => {
+            format!("{shown} does not exist")
+        }
+        std::io::ErrorKind::NotFound => {
+            format!("{shown} is not found on PATH (the exec manager's env, else tether's)")
+        }
+        std::io::ErrorKind::PermissionDenied => {
+            format!("{shown} is not an executable file")
+        }
+        _ => format!("{shown}: {err}"),
+    })
+}
+
 /// Starts commands from one thread that lives as long as the manager: the
 /// kernel sends a child's `PR_SET_PDEATHSIG` when the thread that forked it
 /// ends, and a tokio worker may end before the process does.
@@ -709,16 +745,10 @@ impl ManagerFactory for ExecManager {
             lock(&shared.state).spawn_error = Some(tether_supervisor::error_chain(&err));
             ManagerError::build(err)
         };
-        // Found here, so that a missing program is this cycle's build
-        // failure, named, rather than the shim's exit code.
-        let path = spec
-            .env
-            .iter()
-            .rev()
-            .find(|(k, _)| k == "PATH")
-            .map(|(_, v)| OsString::from(v))
-            .or_else(|| std::env::var_os("PATH"));
-        find_program(program, path.as_deref(), spec.working_dir.as_deref()).map_err(fail)?;
+        // Found here too (`validate` and the start check it first), so that
+        // a program removed since is this cycle's build failure, named,
+        // rather than the shim's exit code.
+        spec_program(&spec).map_err(fail)?;
         let remotes_file =
             write_remotes(shared.dir.path(), cycle.number(), &plan.remotes).map_err(fail)?;
         let names: Vec<&str> = plan.remotes.iter().map(|r| r.name.as_str()).collect();

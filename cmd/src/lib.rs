@@ -6,6 +6,7 @@ pub mod admin;
 pub mod config;
 pub mod daemon;
 pub mod demo;
+pub mod events;
 pub mod exec;
 pub mod human;
 pub mod lease;
@@ -13,6 +14,7 @@ pub mod limits;
 pub mod manager;
 pub mod reaper;
 pub mod remote;
+pub mod sources;
 pub mod stdout;
 
 /// Locks `mutex`. Every critical section in tether only assigns whole

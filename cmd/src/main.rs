@@ -43,8 +43,8 @@ enum Command {
     /// cycle (the exec manager).
     Run(RunArgs),
     /// Probe every remote once and print a table; exit 1 if any is
-    /// unreachable.
-    Check(ConfigArgs),
+    /// unreachable or the Lease cannot be read, 2 for a config mistake.
+    Check(CheckArgs),
     /// Check the configuration and print what it means.
     Validate(RunArgs),
     /// Run against three simulated remotes; lose one and bring it back.
@@ -59,8 +59,10 @@ enum Command {
 
 #[derive(Debug, clap::Args)]
 struct DemoArgs {
-    /// The admin server's address.
-    #[arg(long, default_value = "127.0.0.1:9090")]
+    /// The admin server's address. Default: a free port on 127.0.0.1 (the
+    /// demo prints the URL), so it never clashes with a Prometheus or a
+    /// tether already on 9090.
+    #[arg(long, default_value = "127.0.0.1:0")]
     admin_address: std::net::SocketAddr,
     /// Stop by itself after this long (e.g. `40s`); default: at Ctrl-C.
     #[arg(long, value_parser = tether::config::parse_duration)]
@@ -78,6 +80,21 @@ struct RunArgs {
 }
 
 #[derive(Debug, clap::Args)]
+struct CheckArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+    /// What to print: a table, or one JSON document.
+    #[arg(short, long, value_enum, default_value_t = Output::Table)]
+    output: Output,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Debug, clap::Args)]
 struct ConfigArgs {
     /// The configuration file. Without one: defaults, and one remote from
     /// the in-cluster config or the current kubeconfig context.
@@ -85,17 +102,25 @@ struct ConfigArgs {
     config: Option<PathBuf>,
 }
 
-/// The default log filter: tether at info, and two of kube's logs silenced,
-/// since tether reports what they say once, classified, escaped and cut:
+/// The default log filter: tether at info, and kube's own reports of
+/// trouble with a remote silenced, since tether reports what they say once,
+/// classified, escaped and cut (`watch failing`, `remote apiserver
+/// unreachable`):
 /// - its client builder's trace layer logs every transport failure at
 ///   ERROR;
+/// - its client logs a watch cut by a dying apiserver at WARN (`eof in
+///   poll: ... peer closed connection without sending TLS close_notify:
+///   https://docs.rs/...`), and a body it cannot decode at WARN, whole and
+///   unescaped;
 /// - its watcher logs each failed list or watch at WARN with the remote's
 ///   whole answer, a `Status` message of megabytes among them.
-const DEFAULT_FILTER: &str = "info,kube_client::client::builder=off,kube_runtime::watcher=off";
+const DEFAULT_FILTER: &str =
+    "info,kube_client::client=error,kube_client::client::builder=off,kube_runtime::watcher=off";
 
 /// The demo narrates on stdout; its logs keep to errors unless `RUST_LOG`
 /// says otherwise.
-const DEMO_FILTER: &str = "error,kube_client::client::builder=off,kube_runtime::watcher=off";
+const DEMO_FILTER: &str =
+    "error,kube_client::client=error,kube_client::client::builder=off,kube_runtime::watcher=off";
 
 fn init_logs(format: LogFormat, default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -153,11 +178,15 @@ fn main() -> ExitCode {
     code
 }
 
-fn start_failed(err: &StartError) -> ExitCode {
+/// The exit for a daemon that did not start; `address_flag` is how to
+/// choose another admin address, for a clash.
+fn start_failed(err: &StartError, address_flag: &str) -> ExitCode {
     match err {
         StartError::Config(err) => bad_input(err),
         StartError::Bind { addr, source } => {
-            eprintln!("tether: cannot listen on the admin address {addr}: {source}");
+            eprintln!(
+                "tether: cannot listen on the admin address {addr}: {source}; choose another with {address_flag}"
+            );
             ExitCode::from(2)
         }
         StartError::Setup { .. } => {
@@ -184,14 +213,14 @@ async fn run(args: &RunArgs) -> ExitCode {
     tether::reaper::start_if_init();
     match Daemon::start(config).await {
         Ok(daemon) => ExitCode::from(daemon.run_until_signalled(signals).await),
-        Err(err) => start_failed(&err),
+        Err(err) => start_failed(&err, "admin.address in the config"),
     }
 }
 
 async fn demo(args: &DemoArgs) -> ExitCode {
     match tether::demo::run(args.admin_address, args.duration).await {
         Ok(code) => ExitCode::from(code),
-        Err(tether::demo::DemoError::Start(err)) => start_failed(&err),
+        Err(tether::demo::DemoError::Start(err)) => start_failed(&err, "--admin-address"),
         Err(err) => {
             eprintln!("tether demo: {}", tether_supervisor::error_chain(&err));
             ExitCode::FAILURE
@@ -245,6 +274,10 @@ async fn load_with_remotes(
     let remotes = remote::resolve(&config)
         .await
         .map_err(|err| bad_input(&err))?;
+    // What `run` needs beyond the file: the Lease's client, the command.
+    tether::daemon::preflight(&config)
+        .await
+        .map_err(|err| start_failed(&err, "admin.address in the config"))?;
     Ok((config, remotes))
 }
 
@@ -334,11 +367,48 @@ async fn validate(args: &RunArgs) -> ExitCode {
             watch.api_version, watch.kind
         );
     }
+    if let Some(spec) = &config.leader_election {
+        write_leases(&mut out, spec, config.sharding.as_ref());
+    }
     if let Err(exit) = write_identities(&mut out, &remotes) {
         return exit;
     }
     stdout::write(&out);
     ExitCode::SUCCESS
+}
+
+/// The Lease (or, with sharding, the Leases) this configuration keeps, and
+/// on which cluster.
+fn write_leases(
+    out: &mut String,
+    spec: &tether::config::LeaderElectionSpec,
+    sharding: Option<&tether::config::ShardingSpec>,
+) {
+    let cluster = spec.kubeconfig.as_ref().map_or_else(
+        || "the pod's cluster (in-cluster), else the current kubeconfig context".to_owned(),
+        |path| format!("the cluster of kubeconfig {}", path.display()),
+    );
+    let namespace = spec
+        .lease_namespace
+        .as_deref()
+        .unwrap_or("the pod's namespace, else the kubeconfig's");
+    let _ = match sharding {
+        None => writeln!(
+            out,
+            "leader election: Lease {} in {namespace}, on {cluster}; held for {}, renewed within {}, tried every {}",
+            spec.lease_name,
+            human::exact(spec.lease_duration.duration()),
+            human::exact(spec.renew_deadline),
+            human::exact(spec.retry_period),
+        ),
+        Some(sharding) => writeln!(
+            out,
+            "sharding: a Lease per replica, named {}<identity>, in {namespace}, on {cluster}; each held for {}, renewed within {}",
+            sharding.lease_prefix,
+            human::exact(spec.lease_duration.duration()),
+            human::exact(spec.renew_deadline),
+        ),
+    };
 }
 
 /// What the exec manager will run, and how it is stopped.
@@ -434,8 +504,8 @@ fn describe(result: &ProbeResult) -> (&'static str, String) {
     }
 }
 
-async fn check(args: &ConfigArgs) -> ExitCode {
-    let (config, remotes) = match load_with_remotes(args, &[]).await {
+async fn check(args: &CheckArgs) -> ExitCode {
+    let (config, remotes) = match load_with_remotes(&args.config, &[]).await {
         Ok(loaded) => loaded,
         Err(exit) => return exit,
     };
@@ -454,6 +524,32 @@ async fn check(args: &ConfigArgs) -> ExitCode {
         .filter(|r| r.required)
         .map(|r| r.name.as_str())
         .collect();
+    let election = match &config.leader_election {
+        Some(spec) => Some(election_finding(spec).await),
+        None => None,
+    };
+    let all_reachable = rows
+        .iter()
+        .all(|row| matches!(row.result.outcome, Outcome::Reachable { .. }));
+    let election_ok = election.as_ref().is_none_or(|(_, ok)| *ok);
+    let out = match args.output {
+        Output::Table => check_table(&rows, &required, election.as_ref()),
+        Output::Json => check_json(&rows, &required, election.as_ref()),
+    };
+    stdout::write(&out);
+    if all_reachable && election_ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// `tether check`'s table: a row a remote, then the Lease's finding.
+fn check_table(
+    rows: &[tether_probes::CheckRow],
+    required: &std::collections::BTreeSet<&str>,
+    election: Option<&(String, bool)>,
+) -> String {
     let width = rows.iter().map(|r| r.name.len()).max().unwrap_or(4).max(4);
     let host_width = rows.iter().map(|r| r.host.len()).max().unwrap_or(4).max(4);
     let mut out = String::new();
@@ -462,10 +558,8 @@ async fn check(args: &ConfigArgs) -> ExitCode {
         "{:width$}  {:host_width$}  {:8}  {:11}  {:>9}  STATUS/CAUSE",
         "NAME", "HOST", "GATE", "STATE", "LATENCY"
     );
-    let mut all_reachable = true;
-    for row in &rows {
+    for row in rows {
         let (state, detail) = describe(&row.result);
-        all_reachable &= state == "reachable";
         let _ = writeln!(
             out,
             "{:width$}  {:host_width$}  {:8}  {state:11}  {:>7.1}ms  {detail}",
@@ -475,51 +569,72 @@ async fn check(args: &ConfigArgs) -> ExitCode {
             row.result.latency.as_secs_f64() * 1000.0
         );
     }
-    if let Some(spec) = &config.leader_election {
-        write_election(&mut out, spec).await;
+    if let Some((finding, _)) = election {
+        let _ = writeln!(out, "leader election: {finding}");
     }
-    stdout::write(&out);
-    if all_reachable {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
+    out
 }
 
-/// The Lease's holder, and this replica's role, as `tether check` shows them.
-async fn write_election(out: &mut String, spec: &tether::config::LeaderElectionSpec) {
+/// `tether check -o json`: one document, the same findings as the table.
+fn check_json(
+    rows: &[tether_probes::CheckRow],
+    required: &std::collections::BTreeSet<&str>,
+    election: Option<&(String, bool)>,
+) -> String {
+    let remotes: Vec<serde_json::Value> = rows
+        .iter()
+        .map(|row| {
+            let (state, detail) = describe(&row.result);
+            serde_json::json!({
+                "name": row.name,
+                "host": row.host,
+                "gate": gate(required.contains(row.name.as_str())),
+                "state": state,
+                "latencySeconds": row.result.latency.as_secs_f64(),
+                "detail": detail,
+            })
+        })
+        .collect();
+    let election = election.map(|(finding, ok)| serde_json::json!({"finding": finding, "ok": ok}));
+    let mut out = serde_json::json!({"remotes": remotes, "leaderElection": election}).to_string();
+    out.push('\n');
+    out
+}
+
+/// The Lease's holder, and this replica's role, as `tether check` shows
+/// them; and whether the Lease could be read.
+async fn election_finding(spec: &tether::config::LeaderElectionSpec) -> (String, bool) {
     let registry = prometheus::Registry::new();
     let election = match tether::lease::election::Election::new(spec.clone(), &registry).await {
         Ok(election) => election,
-        Err(err) => {
-            let _ = writeln!(
-                out,
-                "leader election: {}",
-                tether_supervisor::error_chain(&err)
-            );
-            return;
-        }
+        Err(err) => return (tether_supervisor::error_chain(&err), false),
     };
     let lease = election.handle().state().lease;
     let me = election.identity().to_owned();
-    let _ = match election.holder().await {
-        Ok(None) => writeln!(
-            out,
-            "leader election: Lease {lease} does not exist yet; the first replica creates it (this one: {me})"
+    match election.holder().await {
+        Ok(None) => (
+            format!(
+                "Lease {lease} does not exist yet; the first replica creates it (this one: {me})"
+            ),
+            true,
         ),
-        Ok(Some((holder, age))) if holder.is_empty() => writeln!(
-            out,
-            "leader election: Lease {lease} is free{}; this replica ({me}) would take it",
-            age.map(|a| format!(", released {}s ago", a.as_secs()))
-                .unwrap_or_default()
+        Ok(Some((holder, age))) if holder.is_empty() => (
+            format!(
+                "Lease {lease} is free{}; this replica ({me}) would take it",
+                age.map(|a| format!(", released {}s ago", a.as_secs()))
+                    .unwrap_or_default()
+            ),
+            true,
         ),
-        Ok(Some((holder, age))) => writeln!(
-            out,
-            "leader election: Lease {lease} held by {holder}{}; this replica ({me}) {}",
-            age.map(|a| format!(", renewed {}s ago", a.as_secs()))
-                .unwrap_or_default(),
-            if holder == me { "leads" } else { "stands by" }
+        Ok(Some((holder, age))) => (
+            format!(
+                "Lease {lease} held by {holder}{}; this replica ({me}) {}",
+                age.map(|a| format!(", renewed {}s ago", a.as_secs()))
+                    .unwrap_or_default(),
+                if holder == me { "leads" } else { "stands by" }
+            ),
+            true,
         ),
-        Err(err) => writeln!(out, "leader election: cannot read Lease {lease}: {err}"),
-    };
+        Err(err) => (format!("cannot read Lease {lease}: {err}"), false),
+    }
 }

@@ -12,6 +12,7 @@ use tether_probes::{Remote, without_userinfo};
 use tracing::warn;
 
 use crate::config::{Config, ConfigError, RemoteSource, RemoteSpec};
+use crate::sources::{Role, SourceFile};
 
 /// A configured remote with its kube configuration.
 #[derive(Clone)]
@@ -26,6 +27,9 @@ pub struct ResolvedRemote {
     /// Its connection settings (credentials included; never logged),
     /// shared by the probes and the manager.
     pub config: Arc<kube::Config>,
+    /// The files its settings were read from, as they were then: watched,
+    /// so that a rotation rebuilds its client.
+    pub files: Vec<SourceFile>,
 }
 
 impl std::fmt::Debug for ResolvedRemote {
@@ -96,8 +100,13 @@ pub(crate) fn direct_kubeconfig(
 type FieldError = (&'static str, String);
 
 /// The kube configuration a kubeconfig file's `context` (default: its
-/// current one) describes, with every file it names checked first.
-async fn from_kubeconfig(path: &Path, context: Option<&str>) -> Result<kube::Config, FieldError> {
+/// current one) describes, with every file it names checked first; and
+/// those files, the kubeconfig first, as they were read.
+async fn from_kubeconfig(
+    path: &Path,
+    context: Option<&str>,
+) -> Result<(kube::Config, Vec<SourceFile>), FieldError> {
+    let mut files = vec![SourceFile::read(Role::Kubeconfig, path)];
     let kubeconfig = Kubeconfig::read_from(path).map_err(|e| {
         (
             ".kubeconfig",
@@ -126,13 +135,20 @@ async fn from_kubeconfig(path: &Path, context: Option<&str>) -> Result<kube::Con
         ));
     }
     // kube reads these files itself, and its errors do not name them.
-    check_kubeconfig_files(&kubeconfig, context)
-        .map_err(|message| (".kubeconfig", format!("{}: {message}", path.display())))?;
+    for (role, file) in named_files(&kubeconfig, context) {
+        crate::config::readable_file(Path::new(file)).map_err(|reason| {
+            (
+                ".kubeconfig",
+                format!("{}: its {}: {reason}", path.display(), role.as_str()),
+            )
+        })?;
+        files.push(SourceFile::read(role, file));
+    }
     let options = KubeConfigOptions {
         context: context.map(str::to_owned),
         ..KubeConfigOptions::default()
     };
-    kube::Config::from_custom_kubeconfig(kubeconfig, &options)
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &options)
         .await
         .map_err(|e| {
             let field = if context.is_some() {
@@ -141,7 +157,8 @@ async fn from_kubeconfig(path: &Path, context: Option<&str>) -> Result<kube::Con
                 ".kubeconfig"
             };
             (field, root(&e))
-        })
+        })?;
+    Ok((config, files))
 }
 
 /// A bearer token must fit in an HTTP header: kube panics building a
@@ -207,16 +224,17 @@ fn finish(mut kube_config: kube::Config, spec: &RemoteSpec) -> Result<kube::Conf
     Ok(kube_config)
 }
 
-/// Builds the kube configuration of remote `index` of `config`.
+/// Builds remote `index` of `config`: its kube configuration, and the
+/// files it came from.
 ///
 /// # Errors
 ///
 /// A [`ConfigError`] naming `remotes[index]` and the field that failed.
-pub async fn kube_config(
+pub async fn resolve_one(
     config: &Config,
     index: usize,
     spec: &RemoteSpec,
-) -> Result<kube::Config, ConfigError> {
+) -> Result<ResolvedRemote, ConfigError> {
     let loaded = match &spec.source {
         RemoteSource::Kubeconfig { path, context } => {
             from_kubeconfig(path, context.as_deref()).await
@@ -227,6 +245,13 @@ pub async fn kube_config(
             token_file,
             insecure_skip_tls_verify,
         } => {
+            let files = [
+                (Role::CertificateAuthority, ca_file),
+                (Role::TokenFile, token_file),
+            ]
+            .into_iter()
+            .filter_map(|(role, file)| file.as_ref().map(|f| SourceFile::read(role, f)))
+            .collect();
             let kubeconfig = direct_kubeconfig(
                 &spec.name,
                 server,
@@ -236,24 +261,39 @@ pub async fn kube_config(
             );
             kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
                 .await
+                .map(|config| (config, files))
                 .map_err(|e| ("", root(&e)))
         }
-        RemoteSource::Inferred => kube::Config::infer().await.map_err(|e| {
-            (
+        RemoteSource::Inferred => match kube::Config::infer().await {
+            Ok(config) => {
+                let files = config
+                    .auth_info
+                    .token_file
+                    .iter()
+                    .map(|f| SourceFile::read(Role::TokenFile, f))
+                    .collect();
+                Ok((config, files))
+            }
+            Err(e) => Err((
                 "",
                 format!(
                     "no config file, and no in-cluster or kubeconfig default: {}",
                     root(&e)
                 ),
-            )
-        }),
+            )),
+        },
     };
     loaded
-        .and_then(|kube_config| finish(kube_config, spec))
-        .map_err(|(field, message)| ConfigError {
-            file: config.label(),
-            field: format!("remotes[{index}]{field}"),
-            message,
+        .and_then(|(kube_config, files)| Ok((finish(kube_config, spec)?, files)))
+        .map(|(kube_config, files)| ResolvedRemote {
+            name: spec.name.clone(),
+            required: spec.required,
+            source: spec.source.clone(),
+            config: Arc::new(kube_config),
+            files,
+        })
+        .map_err(|(field, message)| {
+            ConfigError::new(&config.label(), format!("remotes[{index}]{field}"), message)
         })
 }
 
@@ -273,12 +313,11 @@ pub fn warnings(config: &kube::Config) -> Vec<&'static str> {
     warnings
 }
 
-/// Every file the kubeconfig's chosen context names (the cluster's CA, the
-/// user's token file, client certificate and key) must be readable; the
-/// error names the one that is not.
-fn check_kubeconfig_files(kubeconfig: &Kubeconfig, context: Option<&str>) -> Result<(), String> {
+/// Every file the kubeconfig's chosen context names: the cluster's CA, the
+/// user's token file, client certificate and key.
+fn named_files<'k>(kubeconfig: &'k Kubeconfig, context: Option<&str>) -> Vec<(Role, &'k str)> {
     let Some(name) = context.or(kubeconfig.current_context.as_deref()) else {
-        return Ok(());
+        return Vec::new();
     };
     let Some(context) = kubeconfig
         .contexts
@@ -286,7 +325,7 @@ fn check_kubeconfig_files(kubeconfig: &Kubeconfig, context: Option<&str>) -> Res
         .find(|c| c.name == name)
         .and_then(|c| c.context.as_ref())
     else {
-        return Ok(());
+        return Vec::new();
     };
     let cluster = kubeconfig
         .clusters
@@ -300,25 +339,21 @@ fn check_kubeconfig_files(kubeconfig: &Kubeconfig, context: Option<&str>) -> Res
             .find(|u| &u.name == user)
             .and_then(|u| u.auth_info.as_ref())
     });
-    let files = [
+    [
         (
-            "certificate-authority",
+            Role::CertificateAuthority,
             cluster.and_then(|c| c.certificate_authority.as_deref()),
         ),
-        ("tokenFile", user.and_then(|u| u.token_file.as_deref())),
+        (Role::TokenFile, user.and_then(|u| u.token_file.as_deref())),
         (
-            "client-certificate",
+            Role::ClientCertificate,
             user.and_then(|u| u.client_certificate.as_deref()),
         ),
-        ("client-key", user.and_then(|u| u.client_key.as_deref())),
-    ];
-    for (field, path) in files {
-        if let Some(path) = path {
-            crate::config::readable_file(std::path::Path::new(path))
-                .map_err(|reason| format!("its {field}: {reason}"))?;
-        }
-    }
-    Ok(())
+        (Role::ClientKey, user.and_then(|u| u.client_key.as_deref())),
+    ]
+    .into_iter()
+    .filter_map(|(role, path)| path.map(|p| (role, p)))
+    .collect()
 }
 
 /// Builds every remote's kube configuration, in config order.
@@ -329,12 +364,7 @@ fn check_kubeconfig_files(kubeconfig: &Kubeconfig, context: Option<&str>) -> Res
 pub async fn resolve(config: &Config) -> Result<Vec<ResolvedRemote>, ConfigError> {
     let mut remotes = Vec::with_capacity(config.remotes.len());
     for (index, spec) in config.remotes.iter().enumerate() {
-        remotes.push(ResolvedRemote {
-            name: spec.name.clone(),
-            required: spec.required,
-            source: spec.source.clone(),
-            config: Arc::new(kube_config(config, index, spec).await?),
-        });
+        remotes.push(resolve_one(config, index, spec).await?);
     }
     Ok(remotes)
 }

@@ -155,13 +155,13 @@ fn a_command_after_dashes_is_the_exec_manager_and_clashes_with_one_in_the_file()
         "--config",
         &file,
         "--",
-        "/manager",
+        "/bin/true",
         "--leader-elect=false",
     ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
     assert!(
-        stdout.contains("manager: exec, a new process each cycle, in a process group of its own: /manager '--leader-elect=false'"),
+        stdout.contains("manager: exec, a new process each cycle, in a process group of its own: /bin/true '--leader-elect=false'"),
         "{stdout}"
     );
     assert!(
@@ -170,7 +170,7 @@ fn a_command_after_dashes_is_the_exec_manager_and_clashes_with_one_in_the_file()
     );
 
     let file = setup.config(&format!(
-        "{REMOTE}manager: {{exec: {{command: [/manager], env: [{{name: TOKEN, value: s3cret}}]}}}}\n"
+        "{REMOTE}manager: {{exec: {{command: [/bin/true], env: [{{name: TOKEN, value: s3cret}}]}}}}\n"
     ));
     let out = tether(&["validate", "--config", &file]);
     let stdout = text(&out.stdout);
@@ -185,11 +185,11 @@ fn a_command_after_dashes_is_the_exec_manager_and_clashes_with_one_in_the_file()
     let settings = other.config(&format!(
         "{REMOTE}manager: {{exec: {{readiness: {{httpGet: {{port: 8081, path: /readyz}}}}, gracePeriod: 5s}}}}\n"
     ));
-    let out = tether(&["validate", "--config", &settings, "--", "/manager"]);
+    let out = tether(&["validate", "--config", &settings, "--", "/bin/true"]);
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
-        stdout.contains("in a process group of its own: /manager\n")
+        stdout.contains("in a process group of its own: /bin/true\n")
             && stdout.contains("up when GET http://127.0.0.1:8081/readyz")
             && stdout.contains("SIGKILL after 5s"),
         "{stdout}"
@@ -478,4 +478,63 @@ fn a_token_an_http_header_cannot_carry_is_refused_naming_the_field() {
         stderr.contains("remotes[0].tokenFile: its token file"),
         "{stderr}"
     );
+}
+
+/// What `run` needs beyond the file is checked by `validate` and `check`
+/// too: a Lease with no cluster to hold it (outside a pod, no kubeconfig),
+/// and an exec command that is not there. Each exits 2 naming the field,
+/// with no cause said twice.
+#[test]
+fn validate_and_check_refuse_what_run_would_refuse() {
+    let setup = Setup::new();
+    let remote = "remotes: [{name: a, server: \"http://127.0.0.1:1\"}]\n";
+    let cases = [
+        (
+            format!("{remote}leaderElection: {{enabled: true}}\n"),
+            "leaderElection: no cluster to hold the Lease",
+        ),
+        (
+            format!("{remote}leaderElection: {{enabled: true, kubeconfig: missing.yaml}}\n"),
+            "leaderElection.kubeconfig",
+        ),
+        (
+            format!("{remote}manager: {{exec: {{command: [no-such-controller]}}}}\n"),
+            "manager.exec.command: no-such-controller is not found on PATH",
+        ),
+    ];
+    for (yaml, says) in &cases {
+        let config = setup.config(yaml);
+        for command in ["validate", "check", "run"] {
+            let out = Command::new(env!("CARGO_BIN_EXE_tether"))
+                .args([command, "--config", &config])
+                .env_remove("RUST_LOG")
+                .env("HOME", setup.path())
+                .env_remove("KUBECONFIG")
+                .env_remove("KUBERNETES_SERVICE_HOST")
+                .output()
+                .expect("runs");
+            let stderr = text(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{command} {yaml}: {stderr}");
+            assert!(stderr.contains(says), "{command} {yaml}: {stderr}");
+            for part in stderr.split(": ") {
+                assert!(
+                    part.len() < 20 || stderr.matches(part).count() == 1,
+                    "{command}: {part:?} said twice: {stderr}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn check_prints_json_with_dash_o_and_exits_1_for_an_unreachable_remote() {
+    let setup = Setup::new();
+    let config = setup.config("remotes: [{name: a, server: \"http://127.0.0.1:1\"}]\n");
+    let out = tether(&["check", "-o", "json", "--config", &config]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+    assert_eq!(doc["remotes"][0]["name"], "a");
+    assert_eq!(doc["remotes"][0]["state"], "unreachable");
+    assert_eq!(doc["remotes"][0]["gate"], "required");
+    assert!(doc["leaderElection"].is_null());
 }

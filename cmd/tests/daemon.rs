@@ -295,6 +295,30 @@ async fn a_taken_admin_port_is_a_clear_error() {
     );
 }
 
+/// An admin address taken by another process (a Prometheus on 9090, say):
+/// exit 2, naming the flag that chooses another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_demo_whose_admin_address_is_taken_says_which_flag_moves_it() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let admin = taken.local_addr().expect("addr").to_string();
+    let out = timeout(
+        Duration::from_secs(30),
+        Command::new(env!("CARGO_BIN_EXE_tether"))
+            .args(["demo", "--duration", "5s", "--admin-address", &admin])
+            .output(),
+    )
+    .await
+    .expect("the demo exits")
+    .expect("the demo runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!("cannot listen on the admin address {admin}"))
+            && stderr.contains("choose another with --admin-address"),
+        "{stderr}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_demo_shows_a_lost_and_a_recovered_cycle() {
     let admin = format!("127.0.0.1:{}", free_port());
@@ -350,6 +374,18 @@ async fn the_demo_shows_a_lost_and_a_recovered_cycle() {
     );
     assert!(!stdout.contains("Ctrl-C"), "{stdout}");
     assert!(stdout.contains("stopped cleanly"), "{stdout}");
+    // Since when "unreachable for" counts, and what tether spared.
+    assert!(
+        stdout.contains("after the outage began; \"unreachable for\" counts from here"),
+        "{stdout}"
+    );
+    assert_eq!(
+        stdout
+            .matches("without tether, the manager would not end")
+            .count(),
+        1,
+        "{stdout}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -329,10 +329,44 @@ async fn a_child_that_exits_at_once_backs_off_and_says_how_it_ended() {
     assert!(tether.logs().contains("exit code 3"));
 }
 
+/// A program missing at start is bad input: `run` exits 2 naming it, and
+/// starts nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_missing_binary_is_build_failed_and_names_the_path() {
+async fn a_missing_binary_at_start_is_refused_naming_the_path() {
     let server = remote("a", false).await;
-    let tether = start(&server, &exec("[/nonexistent/controller, --flag]", ""));
+    let mut tether = start(&server, &exec("[/nonexistent/controller, --flag]", ""));
+    let status = tether.wait().await;
+    assert_eq!(status.code(), Some(2), "{}", tether.logs());
+    let logs = tether.logs();
+    assert!(
+        logs.contains("manager.exec.command")
+            && logs.contains("/nonexistent/controller does not exist"),
+        "{logs}"
+    );
+}
+
+/// A program removed after start is that cycle's build failure, named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_binary_removed_after_start_is_build_failed_and_names_the_path() {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    let server = remote("a", false).await;
+    let dir = tempfile::tempdir().expect("dir");
+    let program = dir.path().join("controller");
+    std::fs::write(&program, "#!/bin/sh\nexit 3\n").expect("script");
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let tether = start(
+        &server,
+        &exec(&format!("[{}, --flag]", program.display()), ""),
+    );
+    tether
+        .until_metric("tether_manager_process_starts_total", ">= 1", |v| v >= 1.0)
+        .await;
+    std::fs::remove_file(&program).expect("remove");
+    let started = tether
+        .metric("tether_manager_process_starts_total")
+        .await
+        .expect("counted");
     tether
         .until_metric("tether_cycles_total{cause=\"build_failed\"}", ">= 1", |v| {
             v >= 1.0
@@ -341,12 +375,13 @@ async fn a_missing_binary_is_build_failed_and_names_the_path() {
     let process = until_process(&tether, "failed to spawn", |p| p["spawnError"].is_string()).await;
     let error = process["spawnError"].as_str().expect("a string");
     assert!(
-        error.contains("/nonexistent/controller") && error.contains("No such file or directory"),
+        error.contains(&program.display().to_string())
+            && error.contains("No such file or directory"),
         "{error}"
     );
-    assert_eq!(
-        tether.metric("tether_manager_process_starts_total").await,
-        Some(0.0)
+    assert!(
+        tether.metric("tether_manager_process_starts_total").await <= Some(started + 1.0),
+        "a missing program was started"
     );
 }
 

@@ -17,7 +17,7 @@ use std::time::Duration;
 mod common;
 
 use common::matrix::{
-    INTERVAL, THRESHOLD, TIMEOUT, detection_bound, reachable, reload_kubeconfig, within,
+    INTERVAL, THRESHOLD, TIMEOUT, detection_bound, reachable, rotate_kubeconfig, within,
 };
 use common::{DEADLINE, Shape, Tether, probes, remote};
 use tether_testkit::{ApiServer, Fault, Options, Resource, Restart, TestHost};
@@ -254,10 +254,36 @@ async fn a_new_ca_is_lost_as_tls_and_back_after_the_kubeconfig_is_updated() {
     assert_eq!(tether.last_cause("b").await.as_deref(), Some("tls"));
 
     // The cluster was recreated: a new CA and token. The operator updates
-    // the kubeconfig and tether reloads.
+    // the kubeconfig, and sends no signal.
     b.restart(Restart::Recreated).await.expect("recreate");
-    reload_kubeconfig(&tether, "b", &b).await;
+    rotate_kubeconfig(&tether, "b", &b).await;
     tether.until_ready(true).await;
+}
+
+/// A remote that stays unreachable for another reason says so: refused
+/// while its cluster is rebuilt, then tls when it is back with a new CA.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_remote_whose_cause_changes_is_logged_once_with_both_causes() {
+    let (a, b, c) = three(true).await;
+    let tether = Tether::run(&[("a", &a), ("b", &b), ("c", &c)]);
+    tether.until_ready(true).await;
+    let struck = Instant::now();
+    b.set_fault(Fault::Refuse).await.expect("refuse");
+    within(&tether, &reachable(&b, "b"), 0.0, struck, detection_bound()).await;
+    b.set_fault(Fault::TlsMismatch).await.expect("mismatch");
+    let said = "remote apiserver still unreachable; the cause changed";
+    let started = Instant::now();
+    while !tether.logs().contains(said) {
+        assert!(started.elapsed() < detection_bound(), "{}", tether.logs());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let logs = tether.logs();
+    let line = logs.lines().find(|l| l.contains(said)).expect("found");
+    assert!(
+        line.contains("from=refused") && line.contains("to=tls") && line.contains("remotes=b"),
+        "{line}"
+    );
+    assert_eq!(logs.matches(said).count(), 1, "{logs}");
 }
 
 /// The JSON log event's message and `remote` field.

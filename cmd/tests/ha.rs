@@ -188,6 +188,11 @@ async fn elect_exactly_one(server: &impl Cluster) {
         replica("r2", server, None).await,
     ];
     let leader = one_leader_up(&replicas).await;
+    assert!(
+        !replicas[leader].tether.logs().contains("standing by"),
+        "the leader said it stood by:\n{}",
+        replicas[leader].tether.logs()
+    );
     // It stays that way: two leaseDurations with exactly one leader.
     let settled = Instant::now();
     while settled.elapsed() < LEASE_DURATION * 2 {
@@ -216,6 +221,21 @@ async fn elect_exactly_one(server: &impl Cluster) {
             "{body}"
         );
         assert!(!up(r).await, "a follower runs no manager");
+        // A follower says who leads, once.
+        let said = r
+            .tether
+            .logs()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|e| e["fields"]["message"] == "standing by: another replica leads")
+            .map(|e| {
+                e["fields"]["leader"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned()
+            })
+            .collect::<Vec<_>>();
+        assert_eq!(said, [replicas[leader].id.as_str()], "replica {i}");
         let (_, status) = r.tether.get("/status.json").await.expect("answers");
         let status: serde_json::Value = serde_json::from_str(&status).expect("JSON");
         assert_eq!(status["election"]["role"], "standby");
@@ -252,12 +272,22 @@ async fn failovers(server: &impl Cluster, signal: &str, trials: usize) -> Vec<Du
     let mut took = Vec::new();
     for trial in 0..trials {
         let leader = one_leader_up(&replicas).await;
-        let old = replicas.remove(leader);
+        let mut old = replicas.remove(leader);
         let asked = Instant::now();
         old.tether.signal(signal);
         let new = one_leader_up(&replicas).await;
         took.push(asked.elapsed());
         assert_ne!(replicas[new].id, old.id);
+        if signal == "TERM" {
+            // A clean stop is no loss: said at INFO, after the manager.
+            old.tether.wait().await;
+            let logs = old.tether.logs();
+            assert!(
+                logs.contains("stopped leading: tether is shutting down")
+                    && !logs.contains("leadership lost"),
+                "{logs}"
+            );
+        }
         drop(old);
         // The replacement stands by, having seen the Lease held, before the
         // next trial: a replica that just started would take a released

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 mod common;
 
-use common::matrix::{detection_bound, reachable, reload_kubeconfig, within};
+use common::matrix::{detection_bound, reachable, rotate_kubeconfig, within};
 use common::{Shape, Tether};
 use k8s_openapi::api::core::v1::ConfigMap;
 use tether_testkit::{ControlPlane, RealOptions};
@@ -103,6 +103,14 @@ async fn lost_once_then_back(
 
     heal().await;
     tether.until_ready(true).await;
+    // kube's own warnings about the cut watch (`eof in poll ... TLS
+    // close_notify: https://docs.rs/...`) are folded into tether's lines.
+    let logs = tether.logs();
+    assert!(
+        !logs.contains("eof in poll") && !logs.contains("https://docs.rs"),
+        "kube's warning reached the log:\n{logs}"
+    );
+    assert!(logs.contains("remote apiserver unreachable"), "{logs}");
     for remote in ["a", "b"] {
         let synced = format!("tether_watch_synced{{remote=\"{remote}\",resource=\"configmaps\"}}");
         assert_eq!(tether.metric(&synced).await, Some(1.0), "{remote}");
@@ -183,9 +191,9 @@ async fn a_recreated_cluster_is_lost_as_tls_and_back_with_only_new_objects_after
     .await;
     assert_eq!(tether.last_cause("b").await.as_deref(), Some("tls"));
 
-    // The operator writes the new kubeconfig; tether reloads.
+    // The operator writes the new kubeconfig, and sends no signal.
     create_configmap(&b, "fresh").await;
-    reload_kubeconfig(&tether, "b", &b).await;
+    rotate_kubeconfig(&tether, "b", &b).await;
     tether.until_ready(true).await;
     tether
         .until_metric(objects, "1 (only the new cluster's object)", |v| v == 1.0)
@@ -336,4 +344,276 @@ async fn three_real_remotes_sync_and_a_lost_optional_one_restarts_alone() {
             format!("tether_watch_objects{{remote=\"{remote}\",resource=\"configmaps\"}}");
         tether.until_metric(&objects, "3 again", |v| v == 3.0).await;
     }
+}
+
+/// The Events on the Pod, as `kubectl get events --field-selector
+/// involvedObject.name=POD` lists them: `(reason, type, message)`.
+fn pod_events(home: &std::path::Path, pod: &str) -> Vec<(String, String, String)> {
+    let selector = format!("--field-selector=involvedObject.name={pod}");
+    let out = kubectl(
+        home,
+        &["get", "events", "-n", "default", "-o", "json", &selector],
+        "",
+    );
+    let list: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    list["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .map(|e| {
+            let text = |key: &str| e[key].as_str().unwrap_or_default().to_owned();
+            (text("reason"), text("type"), text("message"))
+        })
+        .collect()
+}
+
+/// Waits until the Pod's Events include every reason of `want`.
+async fn until_events(
+    home: &std::path::Path,
+    pod: &str,
+    want: &[&str],
+) -> Vec<(String, String, String)> {
+    let started = Instant::now();
+    loop {
+        let events = pod_events(home, pod);
+        if want.iter().all(|w| events.iter().any(|(r, _, _)| r == w)) {
+            return events;
+        }
+        assert!(
+            started.elapsed() < common::DEADLINE,
+            "the Pod's Events never included {want:?}: {events:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// tether in a Pod (the downward API's `POD_NAME` and `POD_NAMESPACE`)
+/// records Events on it in the home cluster, where the operator looks
+/// first: its leadership, each cycle's end with its cause, and at a clean
+/// stop the last cycle and the leadership's release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_on_tethers_pod_show_its_leadership_and_each_cycles_end() {
+    let (a, b) = two().await;
+    let dir = tempfile::tempdir().expect("dir");
+    // `a` is the home cluster too: it holds the Lease and the Events.
+    let home = dir.path().join("home.kubeconfig");
+    a.kubeconfig().write(&home).expect("kubeconfig");
+    let pod = "tether-7d9f8-x2x4q";
+    let extra = format!(
+        "leaderElection: {{enabled: true, leaseNamespace: default, leaseDuration: 3s, renewDeadline: 2s, retryPeriod: 500ms, kubeconfig: {}}}",
+        home.display()
+    );
+    let mut tether = tether(
+        &[("a", &a), ("b", &b)],
+        Shape {
+            extra: &extra,
+            env: &[
+                ("POD_NAME", pod),
+                ("POD_NAMESPACE", "default"),
+                ("POD_UID", "0b5e7c1e-5d0a-4c55-9d8b-3f3c1f8a9e21"),
+            ],
+            ..Shape::default()
+        },
+    );
+    // It leads (a Lease it created, it takes after a leaseDuration) and its
+    // manager is up.
+    tether
+        .until_metric("tether_manager_up", "1", |v| v == 1.0)
+        .await;
+    b.stop();
+    tether
+        .until_metric("tether_cycles_total{cause=\"remote_lost\"}", "1", |v| {
+            v == 1.0
+        })
+        .await;
+    b.restart().await.expect("restart");
+    tether.until_ready(true).await;
+    let events = until_events(
+        &home,
+        pod,
+        &["LeadershipAcquired", "RemoteLost", "RemoteRecovered"],
+    )
+    .await;
+    let lost = events
+        .iter()
+        .find(|(r, _, _)| r == "RemoteLost")
+        .expect("listed");
+    assert_eq!(lost.1, "Warning", "{events:#?}");
+    assert_eq!(lost.2, "cycle 1 ended: b unreachable", "{events:#?}");
+    let recovered = events
+        .iter()
+        .find(|(r, _, _)| r == "RemoteRecovered")
+        .expect("listed");
+    assert_eq!(recovered.1, "Normal", "{events:#?}");
+
+    assert!(
+        tether
+            .metric("tether_events_total{result=\"published\"}")
+            .await
+            >= Some(3.0)
+    );
+    assert_eq!(
+        tether
+            .metric("tether_events_total{result=\"failed\"}")
+            .await,
+        Some(0.0)
+    );
+
+    tether.signal("TERM");
+    assert!(tether.wait().await.success(), "{}", tether.logs());
+    until_events(&home, pod, &["Shutdown", "LeadershipReleased"]).await;
+    assert!(
+        !tether.logs().contains("cannot record an Event"),
+        "{}",
+        tether.logs()
+    );
+}
+
+/// `kubectl --kubeconfig KUBECONFIG ARGS` with `stdin`; its output, or a
+/// panic with its error.
+fn kubectl(kubeconfig: &std::path::Path, args: &[&str], stdin: &str) -> String {
+    use std::io::Write as _;
+    let mut child = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("kubectl runs (it is on the machines; see docs/testkit.md)");
+    let mut input = child.stdin.take().expect("piped");
+    input.write_all(stdin.as_bytes()).expect("stdin");
+    drop(input);
+    let out = child.wait_with_output().expect("kubectl ends");
+    assert!(
+        out.status.success(),
+        "kubectl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The RBAC manifest of docs/deploy.md, as the page gives it.
+fn guide_manifest() -> String {
+    let guide = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/deploy.md"),
+    )
+    .expect("docs/deploy.md");
+    let open = "kubectl apply -f - <<'EOF'\n";
+    let start = guide.find(open).expect("the guide's manifest") + open.len();
+    guide[start..start + guide[start..].find("\nEOF\n").expect("its end")].to_owned()
+}
+
+/// docs/deploy.md's recipe for a remote, followed on a real cluster: its
+/// RBAC manifest as the page gives it, a `ServiceAccount` token, and a
+/// kubeconfig made with kubectl as the page does. That user may do what
+/// tether needs and no more, and `tether check` finds the remote reachable
+/// and ready through it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deploy_guides_remote_rbac_and_token_kubeconfig_work_on_a_real_cluster() {
+    let remote = plane(RealOptions::default().name("guide")).await;
+    let dir = tempfile::tempdir().expect("dir");
+    let admin = dir.path().join("admin.kubeconfig");
+    remote.kubeconfig().write(&admin).expect("kubeconfig");
+    kubectl(&admin, &["create", "namespace", "tether-remote"], "");
+    kubectl(
+        &admin,
+        &["-n", "tether-remote", "create", "serviceaccount", "tether"],
+        "",
+    );
+    kubectl(&admin, &["apply", "-f", "-"], &guide_manifest());
+    // No token controller runs here to fill the guide's Secret: its other
+    // way, a token with an expiry.
+    let token = kubectl(
+        &admin,
+        &[
+            "-n",
+            "tether-remote",
+            "create",
+            "token",
+            "tether",
+            "--duration",
+            "1h",
+        ],
+        "",
+    );
+    let ca = dir.path().join("ca.crt");
+    std::fs::write(&ca, remote.ca_pem()).expect("ca");
+    let made = dir.path().join("cluster-a.kubeconfig");
+    let ca = ca.display().to_string();
+    let url = remote.url();
+    for args in [
+        &[
+            "set-cluster",
+            "cluster-a",
+            "--server",
+            &url,
+            "--certificate-authority",
+            &ca,
+            "--embed-certs",
+        ][..],
+        &["set-credentials", "tether", "--token", token.trim()],
+        &[
+            "set-context",
+            "cluster-a",
+            "--cluster",
+            "cluster-a",
+            "--user",
+            "tether",
+        ],
+        &["use-context", "cluster-a"],
+    ] {
+        kubectl(&made, &[&["config"][..], args].concat(), "");
+    }
+
+    let user = "system:serviceaccount:tether-remote:tether";
+    for (verb, what, allowed) in [
+        ("list", "configmaps", "yes"),
+        ("watch", "configmaps", "yes"),
+        ("get", "configmaps", "yes"),
+        ("delete", "configmaps", "no"),
+        ("list", "secrets", "no"),
+        ("get", "/readyz", "yes"),
+    ] {
+        let out = std::process::Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&admin)
+            .args([
+                "auth",
+                "can-i",
+                verb,
+                what,
+                "--all-namespaces",
+                "--as",
+                user,
+            ])
+            .output()
+            .expect("kubectl runs");
+        let answer = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        assert_eq!(answer, allowed, "{verb} {what}");
+    }
+
+    let check = dir.path().join("check.yaml");
+    std::fs::write(
+        &check,
+        format!(
+            "remotes: [{{name: cluster-a, kubeconfig: {}}}]\n",
+            made.display()
+        ),
+    )
+    .expect("config");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tether"))
+        .args(["check", "-o", "json", "--config"])
+        .arg(&check)
+        .output()
+        .expect("tether check runs");
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(out.status.code(), Some(0), "{doc}");
+    assert_eq!(doc["remotes"][0]["state"], "reachable", "{doc}");
+    assert_eq!(
+        doc["remotes"][0]["detail"], "200",
+        "ready, through the token: {doc}"
+    );
 }

@@ -1,8 +1,8 @@
-//! The `/status` page as a person sees it, in three states (all up, one
-//! remote down, draining): rendered by headless Chromium (Debian's
-//! `chromium`), its DOM checked for the verdict and the SVG strips, and
-//! screenshots, light and dark, kept as test artifacts in
-//! `target/tmp/status-page/`.
+//! The `/status` page as a person sees it, in each state it can be in (all
+//! up, one remote down, draining, standing by): rendered by headless
+//! Chromium (Debian's `chromium`), its DOM checked for the verdict, the SVG
+//! strips and words that agree with each other, and screenshots, light and
+//! dark, kept as test artifacts in `target/tmp/status-page/`.
 
 mod common;
 
@@ -165,6 +165,79 @@ async fn until_status(tether: &Tether, what: &str, ready: impl Fn(&serde_json::V
     }
 }
 
+/// The rows of the table `id` (`healthy-table`, `attention-table`).
+fn rows_of<'d>(dom: &'d str, id: &str) -> Vec<&'d str> {
+    let Some(start) = dom.find(&format!("id=\"{id}\"")) else {
+        return Vec::new();
+    };
+    let table = &dom[start..start + dom[start..].find("</table>").expect("the table ends")];
+    table.split("<tr data-name=").skip(1).collect()
+}
+
+/// The words of the page agree with each other, whatever its state: what
+/// the fold claims of the healthy rows, each row's caches and objects, the
+/// strips' size and the latency line's scale.
+fn words_agree(dom: &str) {
+    let fold = dom.find("<details id=\"healthy\"").map(|at| {
+        let summary = &dom[at..];
+        &summary[..summary.find("</summary>").expect("a summary")]
+    });
+    if let Some(fold) = fold {
+        for row in rows_of(dom, "healthy-table") {
+            if fold.contains("caches synced") {
+                let (synced, of) = synced_of(row);
+                assert_eq!(synced, of, "the fold says synced, the row does not:\n{row}");
+            } else if fold.contains("no caches here (this replica stands by)") {
+                assert!(row.contains("none here: this replica stands by"), "{row}");
+            } else {
+                // Between cycles (backing off, draining), the caches are what
+                // the last cycle left, and say so.
+                assert!(fold.contains("no cycle runs now"), "{fold}");
+            }
+        }
+    }
+    for table in ["healthy-table", "attention-table"] {
+        for row in rows_of(dom, table) {
+            if row.contains(" synced<div") {
+                let (synced, of) = synced_of(row);
+                assert_eq!(
+                    synced < of,
+                    row.contains(", not current"),
+                    "objects beside unsynced caches must say they are not current:\n{row}"
+                );
+            }
+            assert!(row.contains("<svg class=\"strip\" width=\"360\""), "{row}");
+            // Answers well under the line's 250 ms top sit low in its lane
+            // (12 px): a flat line, not a slope.
+            let attribute = "class=\"latency\" d=\"";
+            if let Some(at) = row.find(attribute) {
+                let d = &row[at + attribute.len()..];
+                let d = &d[..d.find('"').expect("quoted")];
+                let ys: Vec<f64> = d
+                    .split(['M', 'L'])
+                    .filter_map(|p| p.split_whitespace().nth(1)?.parse().ok())
+                    .collect();
+                assert!(!ys.is_empty(), "{d}");
+                assert!(
+                    ys.iter().all(|y| *y >= 8.0),
+                    "a slope for fast answers: {d}"
+                );
+            }
+        }
+    }
+}
+
+/// `X of Y synced` of a row.
+fn synced_of(row: &str) -> (usize, usize) {
+    let at = row.find(" synced<div").expect("a caches cell");
+    let cell = &row[row[..at].rfind('>').expect("the cell opens") + 1..at];
+    let (x, y) = cell.split_once(" of ").expect("X of Y");
+    (
+        x.trim().parse().expect("a number"),
+        y.trim().parse().expect("a number"),
+    )
+}
+
 fn verdict(status: &serde_json::Value) -> (&str, &str) {
     (
         status["verdict"]["state"].as_str().unwrap_or_default(),
@@ -217,6 +290,7 @@ async fn the_status_page_tells_all_up_one_down_and_draining_apart() {
             "a latency in ms:\n{row}"
         );
     }
+    words_agree(&dom);
     browser.screenshots(&url, "all-up");
 
     // One required remote down: the verdict says what the cycle waits for.
@@ -256,6 +330,9 @@ async fn the_status_page_tells_all_up_one_down_and_draining_apart() {
         "the cycle timeline names the loss:\n{dom}"
     );
     assert!(dom.contains("<svg class=\"timeline\""), "{dom}");
+    // Lost, not merely failing: its marks since the loss are red.
+    assert!(beta_row.contains("<rect class=\"down\""), "{beta_row}");
+    words_agree(&dom);
     browser.screenshots(&url, "one-down");
 
     // The filter works without JavaScript: the server filters.
@@ -278,8 +355,58 @@ async fn the_status_page_tells_all_up_one_down_and_draining_apart() {
     until_status(&tether, "draining", |s| verdict(s).0 == "draining").await;
     let dom = browser.dom(&url);
     verdict_reads(&dom, "draining", "Draining: /readyz answers 503");
+    words_agree(&dom);
     browser.screenshots(&url, "draining");
     // A second SIGTERM ends the drain window at once.
     tether.signal("TERM");
     assert_eq!(tether.wait().await.code(), Some(130), "{}", tether.logs());
+}
+
+/// A follower stands by: no manager, so no caches. The verdict, the fold
+/// and each row say so, and nothing claims a cache synced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_followers_status_page_says_it_stands_by_and_claims_no_caches() {
+    let server = remote("alpha", true).await;
+    let lease = dir_with_kubeconfig(&server);
+    let extra = format!(
+        "leaderElection: {{enabled: true, leaseNamespace: default, leaseDuration: 3s, renewDeadline: 2s, retryPeriod: 500ms, kubeconfig: {}}}",
+        lease.1.display()
+    );
+    let start = |id: &'static str| {
+        Tether::start(
+            &[("alpha", &server)],
+            &[],
+            &Shape {
+                extra: &extra,
+                env: &[("POD_NAME", id)],
+                ..Shape::default()
+            },
+        )
+    };
+    let leader = start("first");
+    until_status(&leader, "leading", |s| s["election"]["role"] == "leader").await;
+    let follower = start("second");
+    until_status(&follower, "standing by", |s| {
+        verdict(s).0 == "standby" && s["counts"]["healthy"] == 1
+    })
+    .await;
+    let url = format!("http://{}/status", follower.admin);
+    let browser = Browser::new();
+    let dom = browser.dom(&url);
+    let text = verdict_reads(&dom, "standby", "Standby (leader: first-");
+    assert!(!text.contains("synced"), "{text}");
+    assert!(
+        dom.contains("1 remote healthy: reachable, ready, no caches here (this replica stands by)"),
+        "{dom}"
+    );
+    assert!(!dom.contains(" of 1 synced"), "{dom}");
+    words_agree(&dom);
+    browser.screenshots(&url, "standby");
+}
+
+/// A folder holding `server`'s kubeconfig, for the Lease.
+fn dir_with_kubeconfig(server: &tether_testkit::ApiServer) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("dir");
+    let path = common::write_kubeconfig(dir.path(), "lease", server);
+    (dir, path)
 }

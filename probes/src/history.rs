@@ -33,6 +33,9 @@ pub struct Bucket {
     pub failed: u8,
     /// The slowest answer's latency, in milliseconds (65,535 at most).
     pub slowest_ms: u16,
+    /// Whether the remote was unreachable (past `failureThreshold`) at any
+    /// probe in it: an outage, not a failed probe or two.
+    pub lost: bool,
 }
 
 impl Bucket {
@@ -81,6 +84,8 @@ pub(crate) enum Seen {
 pub(crate) struct History {
     head: u64,
     ring: [Bucket; HISTORY_BUCKETS],
+    /// When the failures in a row now began: a loss marks back to there.
+    streak_since: Option<Duration>,
 }
 
 impl History {
@@ -92,7 +97,9 @@ impl History {
                 not_ready: 0,
                 failed: 0,
                 slowest_ms: 0,
+                lost: false,
             }; HISTORY_BUCKETS],
+            streak_since: None,
         }
     }
 
@@ -101,8 +108,9 @@ impl History {
         since_epoch.as_secs() / BUCKET_WIDTH.as_secs()
     }
 
-    /// Counts a probe that finished `since_epoch` after the set's epoch.
-    pub(crate) fn record(&mut self, since_epoch: Duration, seen: Seen) {
+    /// Counts a probe that finished `since_epoch` after the set's epoch,
+    /// and whether the remote was `lost` then.
+    pub(crate) fn record(&mut self, since_epoch: Duration, seen: Seen, lost: bool) {
         let number = Self::number(since_epoch);
         if number > self.head {
             // Clear what the ring skips, at most all of it.
@@ -113,6 +121,22 @@ impl History {
             self.head = number;
         } else if self.head - number >= HISTORY_BUCKETS as u64 {
             return;
+        }
+        if seen == Seen::Failed {
+            self.streak_since.get_or_insert(since_epoch);
+        }
+        if lost {
+            // The failures that made the loss belong to the outage too.
+            let from = self
+                .streak_since
+                .map_or(number, Self::number)
+                .max(number.saturating_sub(HISTORY_BUCKETS as u64 - 1));
+            for n in from..=number {
+                self.ring[slot(n)].lost = true;
+            }
+        }
+        if seen != Seen::Failed {
+            self.streak_since = None;
         }
         let bucket = &mut self.ring[slot(number)];
         let latency = match seen {
@@ -182,10 +206,10 @@ mod tests {
     #[test]
     fn a_probe_lands_in_its_bucket_with_its_latency() {
         let mut history = History::new();
-        history.record(at(3), Seen::Ready(MS * 12));
-        history.record(at(3), Seen::Ready(MS * 40));
-        history.record(at(4), Seen::Failed);
-        history.record(at(4), Seen::NotReady(MS * 7));
+        history.record(at(3), Seen::Ready(MS * 12), false);
+        history.record(at(3), Seen::Ready(MS * 40), false);
+        history.record(at(4), Seen::Failed, false);
+        history.record(at(4), Seen::NotReady(MS * 7), false);
         let recent = history.recent(at(4));
         let last = HISTORY_BUCKETS - 1;
         assert_eq!(
@@ -194,7 +218,8 @@ mod tests {
                 ready: 2,
                 not_ready: 0,
                 failed: 0,
-                slowest_ms: 40
+                slowest_ms: 40,
+                lost: false,
             }
         );
         assert_eq!(
@@ -203,7 +228,8 @@ mod tests {
                 ready: 0,
                 not_ready: 1,
                 failed: 1,
-                slowest_ms: 7
+                slowest_ms: 7,
+                lost: false,
             }
         );
         assert!(recent.buckets[..last - 1].iter().all(Bucket::is_empty));
@@ -211,10 +237,29 @@ mod tests {
     }
 
     #[test]
+    fn a_loss_marks_every_mark_of_its_failures_and_blips_stay_unmarked() {
+        let mut history = History::new();
+        // A blip: one failure, then answers.
+        history.record(at(1), Seen::Failed, false);
+        history.record(at(1), Seen::Ready(MS), false);
+        // An outage of 16 s across two marks: failures from mark 3, the
+        // loss declared in mark 4, the answer back in mark 4.
+        history.record(at(3), Seen::Failed, false);
+        history.record(at(4), Seen::Failed, false);
+        history.record(at(4), Seen::Failed, true);
+        history.record(at(4), Seen::Ready(MS), false);
+        history.record(at(5), Seen::Ready(MS), false);
+        let recent = history.recent(at(5));
+        let last = HISTORY_BUCKETS - 1;
+        let marked: Vec<bool> = recent.buckets[last - 4..].iter().map(|b| b.lost).collect();
+        assert_eq!(marked, [false, false, true, true, false], "{recent:?}");
+    }
+
+    #[test]
     fn the_window_slides_and_forgets_what_fell_out_of_it() {
         let mut history = History::new();
-        history.record(at(0), Seen::Failed);
-        history.record(at(10), Seen::Ready(MS));
+        history.record(at(0), Seen::Failed, false);
+        history.record(at(10), Seen::Ready(MS), false);
         assert!(history.failed_within(at(59)));
         // 59 buckets on, bucket 0 is out of the window and bucket 10 in it.
         assert!(!history.failed_within(at(60)));
@@ -222,12 +267,12 @@ mod tests {
         assert_eq!(recent.buckets.iter().filter(|b| !b.is_empty()).count(), 1);
         assert_eq!(recent.buckets[10 + HISTORY_BUCKETS - 1 - 60].ready, 1);
         // A write far ahead clears every slot it wraps over.
-        history.record(at(10 + 5 * HISTORY_BUCKETS as u64), Seen::Ready(MS));
+        history.record(at(10 + 5 * HISTORY_BUCKETS as u64), Seen::Ready(MS), false);
         let recent = history.recent(at(10 + 5 * HISTORY_BUCKETS as u64));
         assert_eq!(recent.buckets.iter().filter(|b| !b.is_empty()).count(), 1);
         // A late write older than the window is dropped, not wrapped onto a
         // newer bucket.
-        history.record(at(0), Seen::Failed);
+        history.record(at(0), Seen::Failed, false);
         let again = history.recent(at(10 + 5 * HISTORY_BUCKETS as u64));
         assert_eq!(again, recent);
     }
@@ -236,7 +281,7 @@ mod tests {
     fn counts_and_latency_saturate() {
         let mut history = History::new();
         for _ in 0..300 {
-            history.record(at(1), Seen::Ready(Duration::from_secs(120)));
+            history.record(at(1), Seen::Ready(Duration::from_secs(120)), false);
         }
         let bucket = history.recent(at(1)).buckets[HISTORY_BUCKETS - 1];
         assert_eq!(bucket.ready, u8::MAX);

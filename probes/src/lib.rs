@@ -65,7 +65,7 @@ pub use crate::http::HEAD_TOO_LARGE;
 pub use crate::identity::{Identity, Remote, host_port, normalize_url};
 pub use crate::probe::{ProbeClient, probe_client, probe_once, shown_url, without_userinfo};
 pub use crate::set::{
-    CheckRow, MetricChunks, ProbeSet, ProbeSetHandle, RemoteStatus, Transition, check,
+    CheckRow, MetricChunks, ProbeSet, ProbeSetHandle, Recheck, RemoteStatus, Transition, check,
 };
 pub use crate::tracker::{Reachability, Tracker};
 

@@ -41,7 +41,7 @@ use tokio::sync::{Notify, broadcast};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument as _, error, info, info_span, warn};
+use tracing::{Instrument as _, debug, error, info, info_span, warn};
 
 use crate::classify::{FailureCause, LocalKind, Outcome, ProbeResult, root_cause};
 use crate::credentials;
@@ -228,7 +228,46 @@ struct Inner {
     probes: Mutex<Probes>,
     created: Instant,
     connects: Pacer,
+    /// Asked to re-read a remote's files when a probe fails as rotated
+    /// credentials would make it.
+    recheck: RecheckSlot,
 }
+
+/// Where the [`Recheck`] is kept, once set.
+#[derive(Default)]
+struct RecheckSlot(Mutex<Option<Recheck>>);
+
+impl std::fmt::Debug for RecheckSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RecheckSlot")
+    }
+}
+
+impl RecheckSlot {
+    fn get(&self) -> Option<Recheck> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    fn set(&self, recheck: Recheck) {
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(recheck);
+    }
+}
+
+/// Re-reads the files the settings of the remotes named came from (its
+/// kubeconfig, CA, client certificate and key, token), applies any change
+/// through [`ProbeSet::sync`], and resolves when done.
+pub type Recheck = Arc<
+    dyn Fn(Vec<String>) -> futures_util::future::BoxFuture<'static, ()> + Send + Sync + 'static,
+>;
+
+/// How long a probe waits for a [`Recheck`] before it counts its failure.
+const RECHECK_WAIT: Duration = Duration::from_secs(2);
 
 /// Spaces out new connections: a generic cell rate algorithm, with every
 /// caller given its own slot, so waiting callers open one by one.
@@ -374,8 +413,16 @@ impl ProbeSet {
                 probes: Mutex::default(),
                 created: Instant::now(),
                 connects: Pacer::new(),
+                recheck: RecheckSlot::default(),
             }),
         })
+    }
+
+    /// Sets what a probe asks before it counts a failure that rotated
+    /// credentials explain (a TLS failure, or a 401): a probe racing a
+    /// rotation then tries the new files instead of counting toward a loss.
+    pub fn recheck_with(&self, recheck: Recheck) {
+        self.inner.recheck.set(recheck);
     }
 
     /// A view for status pages and subscribers.
@@ -389,8 +436,11 @@ impl ProbeSet {
     /// Makes the running probes match `remotes`.
     ///
     /// New identities start probing at once; identities that stay keep their
-    /// task and state (their credentials are refreshed on the next probe);
-    /// identities that go stop. Names that go have their series deleted.
+    /// task and state, and a remote whose settings changed (a new `Arc`)
+    /// gets a new client at its next probe. A remote whose identity changed
+    /// on the same host (rotated credentials) keeps its probe's state and
+    /// series. Identities that go stop. Names that go have their series
+    /// deleted.
     ///
     /// # Errors
     ///
@@ -420,18 +470,37 @@ impl ProbeSet {
             by_identity: probes,
             by_name,
         } = &mut *guard;
-        probes.retain(|identity, probe| {
-            if wanted.contains_key(identity) {
-                return true;
-            }
-            probe.stop.cancel();
-            let state = probe.shared.lock();
-            info!(remotes = %state.names(), host = %probe.shared.host, "remote removed from config; probe stopped");
-            false
-        });
+        // Identities no longer wanted. A probe whose names stay, on the same
+        // host, under new settings (a rotated CA, certificate or token)
+        // moves to its new identity below: its state and series stay, and
+        // its client is rebuilt.
+        let mut retired: Vec<Probe> = Vec::new();
+        let gone: Vec<Identity> = probes
+            .keys()
+            .filter(|identity| !wanted.contains_key(*identity))
+            .cloned()
+            .collect();
+        for identity in gone {
+            retired.extend(probes.remove(&identity));
+        }
         for (identity, group) in wanted {
             let names: Vec<String> = group.iter().map(|r| r.name.clone()).collect();
             let config = Arc::clone(&group[0].config);
+            if !probes.contains_key(&identity)
+                && let Some(at) = retired.iter().position(|probe| {
+                    probe.shared.host == identity.host()
+                        && probe
+                            .shared
+                            .lock()
+                            .names
+                            .iter()
+                            .any(|series| names.contains(&series.name))
+                })
+            {
+                let probe = retired.swap_remove(at);
+                debug!(remotes = %names.join(", "), host = %probe.shared.host, "remote's settings changed; its probe goes on with a new client");
+                probes.insert(identity.clone(), probe);
+            }
             if let Some(probe) = probes.get(&identity) {
                 let mut state = probe.shared.lock();
                 // Names that stay keep their series; names that go take
@@ -444,8 +513,11 @@ impl ProbeSet {
                         None => Series::new(name),
                     })
                     .collect();
-                state.config = config;
-                state.config_generation += 1;
+                // The same settings keep the client, and its connection.
+                if !Arc::ptr_eq(&state.config, &config) {
+                    state.config = config;
+                    state.config_generation += 1;
+                }
             } else {
                 let host = identity.host().to_owned();
                 info!(remotes = %names.join(", "), %host, "probing remote apiserver");
@@ -469,6 +541,7 @@ impl ProbeSet {
                 );
             }
         }
+        stop_retired(retired, remotes);
         by_name.clear();
         for probe in probes.values() {
             for series in &probe.shared.lock().names {
@@ -476,6 +549,27 @@ impl ProbeSet {
             }
         }
         Ok(())
+    }
+}
+
+/// Stops the probes of identities no longer wanted, saying of each name
+/// whether it went from the config or moved to another server.
+fn stop_retired(retired: Vec<Probe>, remotes: &[Remote]) {
+    let kept: std::collections::BTreeSet<&str> = remotes.iter().map(|r| r.name.as_str()).collect();
+    for probe in retired {
+        probe.stop.cancel();
+        let state = probe.shared.lock();
+        let (staying, removed): (Vec<&str>, Vec<&str>) = state
+            .names
+            .iter()
+            .map(|series| series.name.as_str())
+            .partition(|name| kept.contains(name));
+        if !removed.is_empty() {
+            info!(remotes = %removed.join(", "), host = %probe.shared.host, "remote removed from config; probe stopped");
+        }
+        if !staying.is_empty() {
+            info!(remotes = %staying.join(", "), host = %probe.shared.host, "remote's server changed; its old one is no longer probed");
+        }
     }
 }
 
@@ -801,8 +895,47 @@ async fn probe_loop(inner: &Inner, shared: &Shared, stop: &CancellationToken) {
             () = stop.cancelled() => return,
             result = Box::pin(probe_once(probe_client, &config.path, config.timeout, &config.unreachable_statuses)) => result,
         };
+        if rotation_explains(&result) && rechecked(inner, shared, stop).await {
+            // The files changed under the probe: this failure says nothing
+            // of the remote. Probe again, now, with the new settings.
+            next = Instant::now();
+            continue;
+        }
         record(inner, shared, result);
     }
+}
+
+/// Whether rotated credentials could explain `result`: a TLS failure (a new
+/// CA, an expired client certificate) or a 401 (a rotated token), counted
+/// as reachable or, when `unreachableStatuses` lists it, not. A recheck of
+/// any listed status is a few `stat` calls: cheaper than telling them apart.
+fn rotation_explains(result: &ProbeResult) -> bool {
+    matches!(
+        result.outcome,
+        Outcome::Unreachable {
+            cause: FailureCause::Tls | FailureCause::Status,
+            ..
+        } | Outcome::Reachable { status: 401 }
+    )
+}
+
+/// Asks the [`Recheck`], if any, to re-read the probe's files, waiting at
+/// most [`RECHECK_WAIT`]; whether its settings changed meanwhile.
+async fn rechecked(inner: &Inner, shared: &Shared, stop: &CancellationToken) -> bool {
+    let Some(recheck) = inner.recheck.get() else {
+        return false;
+    };
+    let (generation, names) = {
+        let state = shared.lock();
+        let names = state.names.iter().map(|s| s.name.clone()).collect();
+        (state.config_generation, names)
+    };
+    tokio::select! {
+        biased;
+        () = stop.cancelled() => return false,
+        _ = tokio::time::timeout(RECHECK_WAIT, recheck(names)) => {}
+    }
+    shared.lock().config_generation != generation
 }
 
 /// Builds a remote's probe client from `kube_config`: the client, the local
@@ -872,6 +1005,12 @@ fn record(inner: &Inner, shared: &Shared, result: ProbeResult) {
 
     let reachable = matches!(result.outcome, Outcome::Reachable { .. });
     if let Outcome::Unreachable { cause, error } = &result.outcome {
+        if state.tracker.state() == Reachability::Unreachable
+            && let Some(was) = state.last_cause
+            && was != *cause
+        {
+            info!(remotes = %state.names(), %host, from = %was, to = %cause, %error, "remote apiserver still unreachable; the cause changed");
+        }
         state.last_cause = Some(*cause);
         state.last_error = Some(error.clone());
         state.last_failure = state.last_probe;
@@ -883,9 +1022,10 @@ fn record(inner: &Inner, shared: &Shared, result: ProbeResult) {
     } else {
         Seen::NotReady(result.latency)
     };
-    state.history.record(now - inner.created, seen);
     let from = state.tracker.state();
     let changed = state.tracker.observe(reachable);
+    let lost = state.tracker.state() == Reachability::Unreachable;
+    state.history.record(now - inner.created, seen, lost);
     let result_state = if reachable {
         Reachability::Reachable
     } else {

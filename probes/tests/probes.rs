@@ -861,3 +861,90 @@ async fn one_url_verified_and_unverified_is_two_probes_with_their_own_results() 
         .expect("configured");
     assert_eq!(verifying.last_cause, Some(FailureCause::Tls));
 }
+
+/// A probe that fails as a rotation would (TLS after a new CA, a listed 401
+/// after a new token) asks for its files to be read again before it counts
+/// the failure. With a failure threshold of one, a rotation racing the
+/// probes would be a loss at the first failure; here it never is, and the
+/// probe goes on under the new settings.
+#[tokio::test]
+async fn a_failure_a_rotation_explains_is_rechecked_before_it_counts() {
+    use tether_testkit::Rotation;
+
+    for rotation in [Rotation::Ca, Rotation::Token] {
+        let server = ApiServer::start(
+            Options::default()
+                .name("a")
+                .tls(true)
+                .token("t0")
+                .anonymous_health(false),
+        )
+        .await
+        .expect("server");
+        let probes = Arc::new(
+            ProbeSet::new(
+                fast(1, 1).with_unreachable_statuses([401]),
+                &Registry::new(),
+            )
+            .expect("probe set"),
+        );
+        let handle = probes.handle();
+        let mut rx = handle.subscribe();
+        // What the remote's files hold. The test holds the lock while it
+        // rotates the server and rewrites them, so a recheck sees both or
+        // neither, as the kubelet's symlink swap makes a Secret's update.
+        let files = Arc::new(tokio::sync::Mutex::new(Arc::new(config_of(&server).await)));
+        let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        probes.recheck_with({
+            let (probes, files, asked) = (
+                Arc::downgrade(&probes),
+                Arc::clone(&files),
+                Arc::clone(&asked),
+            );
+            Arc::new(move |names: Vec<String>| {
+                assert_eq!(names, ["a"]);
+                asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let (probes, files) = (probes.clone(), Arc::clone(&files));
+                Box::pin(async move {
+                    let config = Arc::clone(&*files.lock().await);
+                    if let Some(probes) = probes.upgrade() {
+                        probes.sync(&[Remote::new("a", config)]).expect("sync");
+                    }
+                })
+            })
+        });
+        probes
+            .sync(&[Remote::new("a", Arc::clone(&*files.lock().await))])
+            .expect("sync");
+        let up = next_transition(&mut rx, "first success").await;
+        assert_eq!(up.to, Reachability::Reachable);
+
+        {
+            let mut held = files.lock().await;
+            server.rotate(rotation).expect("rotate");
+            *held = Arc::new(config_of(&server).await);
+        }
+        timeout(DEADLINE, async {
+            while asked.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{rotation:?}: no recheck was asked"));
+        let answered = server.requests("/readyz");
+        timeout(DEADLINE, async {
+            while server.requests("/readyz") < answered + 5 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("probes go on");
+        let status = &handle.status()[0];
+        assert_eq!(status.state, Reachability::Reachable, "{rotation:?}");
+        assert_eq!(status.consecutive_failures, 0, "{rotation:?}");
+        assert!(
+            rx.try_recv().is_err(),
+            "{rotation:?}: a rotation made a transition"
+        );
+    }
+}

@@ -172,8 +172,8 @@ fn write_remotes(
         "<p class=\"legend\">Last {} minutes, {} s a mark: \
          <span class=\"swatch ok\"></span>answered 2xx \
          <span class=\"swatch nr\"></span>answered, not ready \
-         <span class=\"swatch mix\"></span>some probes failed \
-         <span class=\"swatch down\"></span>no answer \
+         <span class=\"swatch mix\"></span>some probes failed, not lost \
+         <span class=\"swatch down\"></span>unreachable (lost) \
          <span class=\"swatch none\"></span>no probe; \
          the line above the marks is the slowest answer in each.</p>",
         HISTORY_WINDOW.as_secs() / 60,
@@ -212,18 +212,26 @@ fn write_remotes(
             "<h3>Needing attention <small>{}</small></h3>",
             human::number(attention.len() as u64)
         );
-        write_table(html, attention, "attention", ATTENTION_SHOWN, recent);
+        write_table(html, attention, "attention", ATTENTION_SHOWN, recent, view);
     }
     if !healthy.is_empty() {
         // Open by default when nothing else is shown.
         let open = if attention.is_empty() { " open" } else { "" };
+        // The fold claims of the caches only what its rows show: synced
+        // while a cycle runs; none on a replica that stands by; between
+        // cycles, whatever the last one left.
+        let caches = match view.supervisor.phase {
+            "running" => "caches synced",
+            "standby" => "no caches here (this replica stands by)",
+            _ => "no cycle runs now",
+        };
         let _ = write!(
             html,
-            "<details id=\"healthy\"{open}><summary>{} healthy: reachable, ready, caches synced, \
+            "<details id=\"healthy\"{open}><summary>{} healthy: reachable, ready, {caches}, \
              no failed probe in 15 minutes</summary>",
             human::count(healthy.len() as u64, "remote", "remotes")
         );
-        write_table(html, healthy, "healthy", HEALTHY_SHOWN, recent);
+        write_table(html, healthy, "healthy", HEALTHY_SHOWN, recent, view);
         html.push_str("</details>");
     }
     if !needle.is_empty() && shown.is_empty() {
@@ -236,12 +244,19 @@ fn write_remotes(
     html.push_str("</section>");
 }
 
+/// Whether this replica stands by (a follower, or a shard member holding
+/// nothing): it runs no manager.
+fn standing_by(view: &StatusView) -> bool {
+    view.supervisor.phase == "standby"
+}
+
 fn write_table(
     html: &mut String,
     rows: &[&RemoteView],
     id: &str,
     shown: usize,
     recent: &dyn Fn(&str) -> Recent,
+    view: &StatusView,
 ) {
     let _ = write!(
         html,
@@ -250,7 +265,7 @@ fn write_table(
          <th>last failure</th><th>caches</th></tr></thead><tbody>"
     );
     for remote in rows.iter().take(shown) {
-        write_row(html, remote, &recent(&remote.name));
+        write_row(html, remote, &recent(&remote.name), standing_by(view));
     }
     html.push_str("</tbody></table>");
     if rows.len() > shown {
@@ -262,7 +277,7 @@ fn write_table(
     }
 }
 
-fn write_row(html: &mut String, r: &RemoteView, recent: &Recent) {
+fn write_row(html: &mut String, r: &RemoteView, recent: &Recent, standing_by: bool) {
     let name = escape(&r.name);
     let host = escape(&r.host);
     let _ = write!(
@@ -338,20 +353,31 @@ fn write_row(html: &mut String, r: &RemoteView, recent: &Recent) {
         html.push('—');
     }
     html.push_str("</td><td>");
-    write_caches(html, r);
+    write_caches(html, r, standing_by);
     html.push_str("</td></tr>");
 }
 
-fn write_caches(html: &mut String, r: &RemoteView) {
+fn write_caches(html: &mut String, r: &RemoteView, standing_by: bool) {
+    if standing_by {
+        // No manager runs here: its caches are the leader's.
+        html.push_str("—<div class=\"sub\">none here: this replica stands by</div>");
+        return;
+    }
     if r.caches.is_empty() {
         html.push('—');
         return;
     }
     let synced = r.caches.iter().filter(|c| c.synced && !c.stale).count();
     let objects: usize = r.caches.iter().map(|c| c.objects).sum();
+    // Objects a cache keeps while it is not current are what it last saw.
+    let current = if synced == r.caches.len() {
+        ""
+    } else {
+        ", not current"
+    };
     let _ = write!(
         html,
-        "{synced} of {} synced<div class=\"sub\">{}</div>",
+        "{synced} of {} synced<div class=\"sub\">{}{current}</div>",
         r.caches.len(),
         human::count(objects as u64, "object", "objects")
     );
@@ -372,19 +398,24 @@ fn write_caches(html: &mut String, r: &RemoteView) {
     }
 }
 
-/// What one mark of the strip shows.
+/// What one mark of the strip shows: red while the remote was lost in it
+/// (answers at its end included), orange for failed probes that made no
+/// loss.
 fn mark(bucket: Bucket) -> &'static str {
     match (bucket.failed > 0, bucket.answered()) {
+        _ if bucket.lost => "down",
         (false, false) => "none",
-        (true, false) => "down",
-        (true, true) => "mix",
+        (true, _) => "mix",
         (false, true) if bucket.not_ready > 0 => "nr",
         (false, true) => "ok",
     }
 }
 
-/// Width of one mark in the strip, in px.
-const MARK: usize = 5;
+/// Width of one mark in the strip, in px: 60 marks make 360 px.
+const MARK: usize = 6;
+/// The latency the line's top stands for, at least: below it, answers a few
+/// milliseconds apart draw a flat line, not a slope that reads as a mark.
+const LATENCY_TOP_MS: u16 = 250;
 /// Heights of the strip's two lanes, in px: the latency line, then (after
 /// a gap of 2) the marks.
 const LINE: usize = 12;
@@ -439,7 +470,8 @@ fn write_strip(html: &mut String, name: &str, recent: &Recent) {
             }
             let x = i * MARK + MARK / 2;
             let lane = LINE as f64;
-            let y = lane - (lane - 1.0) * f64::from(b.slowest_ms) / f64::from(slowest);
+            let top = slowest.max(LATENCY_TOP_MS);
+            let y = lane - (lane - 1.0) * f64::from(b.slowest_ms) / f64::from(top);
             // A run's first point is a dot (round caps), so a lone answer
             // between gaps still shows.
             let _ = if pen_down {
@@ -775,11 +807,19 @@ mod tests {
             not_ready,
             failed,
             slowest_ms: 1,
+            lost: false,
         };
         assert_eq!(mark(b(0, 0, 0)), "none");
         assert_eq!(mark(b(1, 0, 0)), "ok");
         assert_eq!(mark(b(0, 1, 0)), "nr");
         assert_eq!(mark(b(1, 0, 1)), "mix");
-        assert_eq!(mark(b(0, 0, 2)), "down");
+        // Failed probes short of the threshold are no loss.
+        assert_eq!(mark(b(0, 0, 2)), "mix");
+        // An outage's mark is red, even with the answer that ended it.
+        let ended = Bucket {
+            lost: true,
+            ..b(1, 0, 2)
+        };
+        assert_eq!(mark(ended), "down");
     }
 }

@@ -120,6 +120,9 @@ impl std::fmt::Debug for Election {
 /// Closes the gate when dropped.
 struct CloseOnDrop<'a>(&'a Election);
 
+/// Why the election stops at a shutdown, after the manager stopped.
+const SHUTTING_DOWN: &str = "shutting down";
+
 impl Drop for CloseOnDrop<'_> {
     fn drop(&mut self) {
         self.0.set_leading(false, "the election stopped");
@@ -133,6 +136,8 @@ struct Candidate<'a> {
     why: &'static str,
     /// When this replica, holding a Lease it created, may lead.
     leads_from: Option<Instant>,
+    /// The other replica this one last said leads, escaped.
+    follows: Option<String>,
 }
 
 impl Election {
@@ -200,6 +205,9 @@ impl Election {
         lock(&self.shared.state).leading = leading;
         if leading {
             info!(identity = %self.identity, "leading: this replica now runs the manager");
+        } else if why == SHUTTING_DOWN {
+            // The manager has stopped already: nothing was lost.
+            info!(identity = %self.identity, "stopped leading: tether is shutting down");
         } else {
             warn!(identity = %self.identity, why, "leadership lost: stopping the manager");
         }
@@ -224,9 +232,10 @@ impl Election {
             election: self,
             why: "",
             leads_from: None,
+            follows: None,
         };
         claim::keep(&mut candidate, &self.spec, &stop).await;
-        self.set_leading(false, "shutting down");
+        self.set_leading(false, SHUTTING_DOWN);
     }
 
     /// The Lease as it is now, for `tether check`: its holder (escaped,
@@ -343,6 +352,11 @@ impl Claimant for Candidate<'_> {
             };
             self.leads_from = None;
             lock(&election.shared.state).leads_in = None;
+            let leader = claim::shown_holder(&sighting.claim.holder);
+            if self.follows.as_ref() != Some(&leader) {
+                info!(identity = me, %leader, "standing by: another replica leads");
+                self.follows = Some(leader);
+            }
             return Ok(None);
         }
         let now = claim::micro_now();
@@ -383,6 +397,7 @@ impl Claimant for Candidate<'_> {
         lock(&election.shared.state).leads_in = waiting.map(|from| from - now);
         if waiting.is_none() {
             self.leads_from = None;
+            self.follows = None;
             election.set_leading(true, "");
         }
         Ok(Some(sent))

@@ -28,7 +28,7 @@ pub enum Error {
     #[error("cannot read the kubeconfig of the Lease's cluster")]
     Kubeconfig(#[source] kube::config::KubeconfigError),
     /// Neither in-cluster config nor a kubeconfig is available.
-    #[error("no cluster to hold the Lease: not in a pod, and no kubeconfig")]
+    #[error("no cluster to hold the Lease: not in a pod, and no leaderElection.kubeconfig")]
     Infer(#[source] kube::config::InferConfigError),
     /// The metrics' names are taken.
     #[error("registering the Lease metrics failed")]
@@ -47,19 +47,7 @@ impl Leases {
     /// current context; each request bounded by `retryPeriod`, no retries,
     /// each response by [`tether_probes::MAX_LEASE_RESPONSE`].
     pub(crate) async fn new(spec: &LeaderElectionSpec) -> Result<Self, Error> {
-        let mut config = match &spec.kubeconfig {
-            Some(path) => {
-                let kubeconfig =
-                    kube::config::Kubeconfig::read_from(path).map_err(Error::Kubeconfig)?;
-                kube::Config::from_custom_kubeconfig(
-                    kubeconfig,
-                    &kube::config::KubeConfigOptions::default(),
-                )
-                .await
-                .map_err(Error::Kubeconfig)?
-            }
-            None => kube::Config::infer().await.map_err(Error::Infer)?,
-        };
+        let mut config = home_cluster(spec.kubeconfig.as_deref()).await?;
         // Each request is bounded by its own timeout; kube's retries would
         // outlast the fence.
         config.default_retry = false;
@@ -87,6 +75,28 @@ impl Leases {
             namespace,
             identity: spec.identity.clone().unwrap_or_else(default_identity),
         })
+    }
+}
+
+/// The home cluster's settings: `kubeconfig`'s current context, else
+/// in-cluster, else the current kubeconfig context.
+///
+/// # Errors
+///
+/// [`Error::Kubeconfig`] or [`Error::Infer`].
+pub async fn home_cluster(kubeconfig: Option<&std::path::Path>) -> Result<kube::Config, Error> {
+    match kubeconfig {
+        Some(path) => {
+            let kubeconfig =
+                kube::config::Kubeconfig::read_from(path).map_err(Error::Kubeconfig)?;
+            kube::Config::from_custom_kubeconfig(
+                kubeconfig,
+                &kube::config::KubeConfigOptions::default(),
+            )
+            .await
+            .map_err(Error::Kubeconfig)
+        }
+        None => kube::Config::infer().await.map_err(Error::Infer),
     }
 }
 

@@ -515,6 +515,7 @@ pub(crate) async fn start_in_process_with(
             required: *required,
             source: tether::config::RemoteSource::Inferred,
             config: config_of(*server).await.into(),
+            files: Vec::new(),
         });
     }
     probes

@@ -54,6 +54,7 @@ struct Check {
 }
 
 const LEASES: &str = "leases.coordination.k8s.io";
+const EVENTS: &str = "events.events.k8s.io";
 
 /// What each release's service account may and may not do.
 fn checks(namespace_of: impl Fn(&str) -> String) -> Vec<Check> {
@@ -106,6 +107,30 @@ fn checks(namespace_of: impl Fn(&str) -> String) -> Vec<Check> {
         ));
     }
     for release in ["one", "ha", "shards"] {
+        // Events on its own Pod: create, and patch to count a repeat, in its
+        // namespace; nothing else with Events, nowhere else.
+        for (verb, allowed) in [
+            ("create", true),
+            ("patch", true),
+            ("get", false),
+            ("list", false),
+            ("delete", false),
+        ] {
+            checks.push(check(
+                release,
+                verb,
+                EVENTS,
+                Some(namespace_of(release)),
+                allowed,
+            ));
+        }
+        checks.push(check(
+            release,
+            "create",
+            EVENTS,
+            Some("default".into()),
+            false,
+        ));
         // Never Secrets; never Leases outside its namespace; never a write
         // to what it watches.
         checks.push(check(release, "get", "secrets", None, false));
