@@ -395,18 +395,8 @@ impl Restartable {
 // The file's shape. Everything optional is defaulted in `validate`, so that
 // every error can name its field.
 
-/// The sections of a file that [`Checker::sections`] checks together.
-struct RawSections {
-    admin: Option<RawAdmin>,
-    probe: Option<RawProbe>,
-    supervisor: Option<RawSupervisor>,
-    remotes: Option<Vec<RawRemote>>,
-    watch: Option<Vec<RawWatch>>,
-    leader_election: Option<RawLeaderElection>,
-    sharding: Option<RawSharding>,
-}
-
-/// Those sections, checked; `watch` as the file gives it, if it does.
+/// The sections of a file but the manager, checked; `watch` as the file
+/// gives it, if it does.
 struct Sections {
     drain_window: Duration,
     admin_address: SocketAddr,
@@ -660,15 +650,17 @@ impl Checker<'_> {
             .map_err(|message| self.error(field, message))
     }
 
-    /// Every section of `raw` but the manager, each checked even after
-    /// another failed: every mistake in the file is reported at once.
-    fn sections(&self, raw: RawSections) -> Result<Sections, ConfigError> {
-        let RawSections {
+    /// Every section of `raw` but the manager (handed back unchecked),
+    /// each checked even after another failed: every mistake in the file is
+    /// reported at once.
+    fn sections(&self, raw: RawConfig) -> Result<(Sections, Option<RawManager>), ConfigError> {
+        let RawConfig {
             admin,
             probe,
             supervisor,
             remotes,
             watch,
+            manager,
             leader_election,
             sharding,
         } = raw;
@@ -729,16 +721,19 @@ impl Checker<'_> {
         else {
             unreachable!("a section without an error has its value");
         };
-        Ok(Sections {
-            drain_window,
-            admin_address,
-            probe,
-            supervisor,
-            remotes,
-            leader_election,
-            sharding,
-            watch,
-        })
+        Ok((
+            Sections {
+                drain_window,
+                admin_address,
+                probe,
+                supervisor,
+                remotes,
+                leader_election,
+                sharding,
+                watch,
+            },
+            manager,
+        ))
     }
 
     fn probe(&self, raw: RawProbe) -> Result<ProbeConfig, ConfigError> {
@@ -1369,24 +1364,19 @@ impl Config {
             .map_err(|err| parse_error(file, &path, &err))?
         };
         let check = Checker { file, base };
-        let Sections {
-            drain_window,
-            admin_address,
-            probe,
-            supervisor,
-            remotes,
-            leader_election,
-            sharding,
-            watch,
-        } = check.sections(RawSections {
-            admin: raw.admin,
-            probe: raw.probe,
-            supervisor: raw.supervisor,
-            remotes: raw.remotes,
-            watch: raw.watch,
-            leader_election: raw.leader_election,
-            sharding: raw.sharding,
-        })?;
+        let (
+            Sections {
+                drain_window,
+                admin_address,
+                probe,
+                supervisor,
+                remotes,
+                leader_election,
+                sharding,
+                watch,
+            },
+            manager,
+        ) = check.sections(raw)?;
         // At a reload, the sections that change only at a restart keep
         // their running values: the exec manager's grace period is checked,
         // and defaulted, against the shutdown grace and the election's fence
@@ -1414,8 +1404,7 @@ impl Config {
             ""
         };
         let fence = leader_election.as_ref();
-        let exec = raw
-            .manager
+        let exec = manager
             .and_then(|m| m.exec)
             .map(|exec| check.exec(exec, &supervisor, fence))
             .transpose()?;

@@ -538,3 +538,30 @@ fn check_prints_json_with_dash_o_and_exits_1_for_an_unreachable_remote() {
     assert_eq!(doc["remotes"][0]["gate"], "required");
     assert!(doc["leaderElection"].is_null());
 }
+
+#[test]
+fn validate_says_which_lease_leader_election_keeps_and_where() {
+    let setup = Setup::new();
+    let lease = setup.path().join("home.kubeconfig");
+    std::fs::write(
+        &lease,
+        "apiVersion: v1\nkind: Config\nclusters: [{name: h, cluster: {server: \"https://127.0.0.1:1\"}}]\n\
+         users: [{name: h, user: {token: t}}]\ncontexts: [{name: h, context: {cluster: h, user: h, namespace: ops}}]\n\
+         current-context: h\n",
+    )
+    .expect("write");
+    let config = setup.config(&format!(
+        "remotes: [{{name: a, server: \"http://127.0.0.1:1\"}}]\nleaderElection: {{enabled: true, kubeconfig: {}}}\n",
+        lease.display()
+    ));
+    let out = tether(&["validate", "--config", &config]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains(&format!(
+            "leader election: Lease tether in the pod's namespace, else the kubeconfig's, on the cluster of kubeconfig {}; held for 15s, renewed within 10s, tried every 2s",
+            lease.display()
+        )),
+        "{stdout}"
+    );
+}
