@@ -186,18 +186,10 @@ async fn start_events(config: &Config, registry: &Registry) -> Option<(Events, P
         .leader_election
         .as_ref()
         .and_then(|spec| spec.kubeconfig.clone());
-    let client = match crate::lease::home_cluster(kubeconfig.as_deref()).await {
-        Ok(mut home) => {
-            home.default_retry = false;
-            home.connect_timeout = Some(Duration::from_secs(5));
-            home.read_timeout = Some(Duration::from_secs(5));
-            tether_probes::once_off_workers(move || kube::Client::try_from(home))
-                .await
-                .map_err(|e| e.to_string())
-                .and_then(|built| built.map_err(|e| tether_supervisor::error_chain(&e)))
-        }
-        Err(err) => Err(tether_supervisor::error_chain(&err)),
-    };
+    let client = crate::lease::home_client(kubeconfig.as_deref(), Duration::from_secs(5))
+        .await
+        .map(|(client, _)| client)
+        .map_err(|err| tether_supervisor::error_chain(&err));
     match client.map(|client| Events::start(client, pod, registry)) {
         Ok(Ok(started)) => Some(started),
         Ok(Err(err)) => {
@@ -653,13 +645,12 @@ impl Daemon {
             let Some(old) = self.resolved.iter().find(|old| old.name == remote.name) else {
                 continue;
             };
-            let mut changed: Vec<Role> = remote
+            let changed: Vec<Role> = remote
                 .files
                 .iter()
                 .filter(|file| !old.files.iter().any(|o| o.same_as(file)))
                 .map(sources::SourceFile::role)
                 .collect();
-            changed.dedup();
             if changed.is_empty() && old.source == remote.source {
                 // The same settings: its probe keeps its client and
                 // connection.

@@ -25,9 +25,10 @@ pub const MAX_RESPONSE: u64 = 64 * 1024 * 1024;
 /// well above the 1.5 MiB etcd allows an object.
 pub const MAX_WATCH_EVENT: u64 = 4 * 1024 * 1024;
 
-/// The most a response about Leases may carry: 1 MiB. A Lease is a few
-/// hundred bytes (its holder is a name of at most 253 characters), so a
-/// list of every member of a shard group fits many times over.
+/// The most a response about Leases (or an Event the home cluster echoes
+/// back) may carry: 1 MiB. A Lease is a few hundred bytes (its holder is a
+/// name of at most 253 characters), so a list of every member of a shard
+/// group fits many times over.
 pub const MAX_LEASE_RESPONSE: u64 = 1024 * 1024;
 
 /// A response cut because it passed its bound.

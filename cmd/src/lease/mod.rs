@@ -47,29 +47,16 @@ impl Leases {
     /// current context; each request bounded by `retryPeriod`, no retries,
     /// each response by [`tether_probes::MAX_LEASE_RESPONSE`].
     pub(crate) async fn new(spec: &LeaderElectionSpec) -> Result<Self, Error> {
-        let mut config = home_cluster(spec.kubeconfig.as_deref()).await?;
         // Each request is bounded by its own timeout; kube's retries would
         // outlast the fence.
-        config.default_retry = false;
-        config.read_timeout = Some(spec.retry_period);
-        config.connect_timeout = Some(spec.retry_period);
+        let (client, default_namespace) =
+            home_client(spec.kubeconfig.as_deref(), spec.retry_period).await?;
         let namespace = spec
             .lease_namespace
             .clone()
             .or_else(pod_namespace)
-            .or_else(|| {
-                spec.kubeconfig
-                    .as_ref()
-                    .map(|_| config.default_namespace.clone())
-            })
+            .or_else(|| spec.kubeconfig.as_ref().map(|_| default_namespace))
             .ok_or(Error::NoNamespace)?;
-        // Off the workers: an exec credential plugin runs in the build.
-        let client = tether_probes::once_off_workers(move || {
-            tether_probes::bounded_client_within(config, tether_probes::MAX_LEASE_RESPONSE)
-        })
-        .await
-        .map_err(Error::Build)?
-        .map_err(Error::Client)?;
         Ok(Self {
             api: Api::namespaced(client, &namespace),
             namespace,
@@ -78,14 +65,22 @@ impl Leases {
     }
 }
 
-/// The home cluster's settings: `kubeconfig`'s current context, else
-/// in-cluster, else the current kubeconfig context.
+/// A client of the home cluster (`kubeconfig`'s current context, else
+/// in-cluster, else the current kubeconfig context), and the namespace that
+/// context names: each request bounded by `timeout`, no retries, each
+/// response by [`tether_probes::MAX_LEASE_RESPONSE`]. The Leases and the
+/// Events on tether's Pod go through it.
 ///
 /// # Errors
 ///
-/// [`Error::Kubeconfig`] or [`Error::Infer`].
-pub async fn home_cluster(kubeconfig: Option<&std::path::Path>) -> Result<kube::Config, Error> {
-    match kubeconfig {
+/// [`Error::Kubeconfig`] or [`Error::Infer`] if the cluster cannot be
+/// known; [`Error::Build`] or [`Error::Client`] if its client cannot be
+/// made.
+pub async fn home_client(
+    kubeconfig: Option<&std::path::Path>,
+    timeout: std::time::Duration,
+) -> Result<(kube::Client, String), Error> {
+    let mut config = match kubeconfig {
         Some(path) => {
             let kubeconfig =
                 kube::config::Kubeconfig::read_from(path).map_err(Error::Kubeconfig)?;
@@ -94,10 +89,22 @@ pub async fn home_cluster(kubeconfig: Option<&std::path::Path>) -> Result<kube::
                 &kube::config::KubeConfigOptions::default(),
             )
             .await
-            .map_err(Error::Kubeconfig)
+            .map_err(Error::Kubeconfig)?
         }
-        None => kube::Config::infer().await.map_err(Error::Infer),
-    }
+        None => kube::Config::infer().await.map_err(Error::Infer)?,
+    };
+    config.default_retry = false;
+    config.read_timeout = Some(timeout);
+    config.connect_timeout = Some(timeout);
+    let namespace = config.default_namespace.clone();
+    // Off the workers: an exec credential plugin runs in the build.
+    let client = tether_probes::once_off_workers(move || {
+        tether_probes::bounded_client_within(config, tether_probes::MAX_LEASE_RESPONSE)
+    })
+    .await
+    .map_err(Error::Build)?
+    .map_err(Error::Client)?;
+    Ok((client, namespace))
 }
 
 /// The pod's namespace, from its service account mount.
