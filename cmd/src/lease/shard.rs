@@ -407,6 +407,9 @@ impl Sharding {
     /// empty view tells the others they may take them at once.
     fn let_go(&mut self) {
         self.since = None;
+        // What it announced before it let go counts for nothing: it joins
+        // again, and takes only under a view it publishes from now on.
+        self.view = BTreeSet::new();
         self.hold(BTreeSet::new(), BTreeSet::new(), Vec::new());
     }
 
@@ -961,6 +964,7 @@ mod tests {
                     Step::Join => full[me] = true,
                     Step::Lapse => {
                         held[me].clear();
+                        views[me].clear();
                         full[me] = false;
                         read[me] = None;
                     }
