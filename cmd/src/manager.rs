@@ -12,6 +12,9 @@
 //!   not been failing for longer than `stale_after` (the probes' detection
 //!   bound). The manager reports itself up while every cache of every
 //!   *required* remote is current: readiness is decided here, once.
+//! - A failed list or watch is retried with a new list, never by resuming
+//!   the watch: a resumed watch says nothing until an object changes, so
+//!   only a completed list tells that the remote answers again.
 //! - A list or watch that fails at the transport makes the probes check
 //!   that remote at once on a new connection ([`ProbeSetHandle::suspect`]).
 //! - A remote's client is built off the async workers (it runs the exec
@@ -27,7 +30,7 @@ use std::time::{Duration, SystemTime};
 use futures_util::StreamExt as _;
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::reflector::store::Writer;
-use kube::runtime::{reflector, watcher};
+use kube::runtime::watcher;
 use prometheus::{IntGaugeVec, Opts, Registry};
 use tether_probes::{ProbeSetHandle, Reachability};
 use tether_supervisor::{
@@ -423,13 +426,16 @@ impl Cache {
         if let Some(selector) = &self.spec.label_selector {
             config = config.labels(selector);
         }
-        let writer = Writer::new(ar);
+        let mut writer = Writer::new(ar);
         let reader = writer.as_reader();
         // No kube backoff: it resets on every item, the watcher's `Init`
         // before each retry included, so a dead remote was retried every
-        // second for ever. The retries wait here instead.
-        let stream = reflector(writer, watcher(api, config));
-        let mut stream = std::pin::pin!(stream);
+        // second for ever. The retries wait here instead, and each starts
+        // a new watcher, which lists first: kube's own retry resumes the
+        // watch, which yields nothing until an object changes, and a quiet
+        // cache would be called stale though its remote answers again.
+        let list_anew = || watcher(api.clone(), config.clone()).boxed();
+        let mut stream = list_anew();
         let mut state = CacheState::default();
         let mut retry = Backoff::new(WATCH_RETRY);
         let mut retry_at: Option<Instant> = None;
@@ -456,6 +462,7 @@ impl Cache {
             match event {
                 None => return,
                 Some(Ok(event)) => {
+                    writer.apply_watcher_event(&event);
                     // The watcher says `Init` before it sends the list
                     // request: nothing has answered yet.
                     let answered = !matches!(event, watcher::Event::Init);
@@ -504,6 +511,9 @@ impl Cache {
                         wait = wait.max(WATCH_RETRY.max);
                     }
                     retry_at = Instant::now().checked_add(wait);
+                    // Polled only at `retry_at`: the cache keeps its objects
+                    // until the new list completes.
+                    stream = list_anew();
                 }
             }
             self.publish(&resource, before, state);

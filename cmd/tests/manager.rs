@@ -169,3 +169,49 @@ async fn losing_an_optional_remote_restarts_only_its_own_watches() {
         .expect("no panic");
     assert_eq!(outcome, tether_supervisor::ShutdownOutcome::Clean);
 }
+
+/// A watch that failed for a moment, on a remote the probes never lost,
+/// is current again once the remote answers, though no object changed: a
+/// resumed watch says nothing until one does, so the retry lists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_that_failed_briefly_is_current_again_with_nothing_changed() {
+    let server = ApiServer::start(Options::default()).await.expect("server");
+    let stack =
+        common::start_in_process_with(&[("req", &server, true)], ProbeConfig::default()).await;
+    let (status, manager) = (stack.status.clone(), stack.manager.clone());
+    let cache = || {
+        manager
+            .caches()
+            .get(&("req".to_owned(), "configmaps".to_owned()))
+            .copied()
+            .unwrap_or_default()
+    };
+    until("the manager up, its watch open", || {
+        status.status().manager_up && server.stats().open_watches == 1
+    })
+    .await;
+    let lists = server.requests("/api/v1/configmaps");
+
+    server.set_fault(Fault::Refuse).await.expect("refuse");
+    until("the watch failing", || cache().failing_since.is_some()).await;
+    server.set_fault(Fault::Up).await.expect("up");
+    until("the watch working again, with no object changed", || {
+        cache().failing_since.is_none() && cache().current()
+    })
+    .await;
+    assert_eq!(
+        server.requests("/api/v1/configmaps"),
+        lists + 1,
+        "the retry listed once"
+    );
+    let now = status.status();
+    assert!(now.manager_up, "the manager went down");
+    assert_eq!(now.cycle, 1, "a moment's failure ended the cycle");
+
+    stack.root.cancel();
+    let outcome = timeout(Duration::from_secs(10), stack.run)
+        .await
+        .expect("shutdown deadlocked?")
+        .expect("no panic");
+    assert_eq!(outcome, tether_supervisor::ShutdownOutcome::Clean);
+}
