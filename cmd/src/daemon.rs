@@ -44,6 +44,13 @@ impl ManagerFactory for Manager {
         }
     }
 
+    fn waits_for_lost_remotes(&self) -> bool {
+        match self {
+            Self::Watch(manager) => manager.waits_for_lost_remotes(),
+            Self::Exec(manager) => manager.waits_for_lost_remotes(),
+        }
+    }
+
     async fn run(&self, cycle: CycleToken) -> Result<(), ManagerError> {
         match self {
             Self::Watch(manager) => manager.run(cycle).await,

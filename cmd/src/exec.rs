@@ -729,6 +729,12 @@ impl ManagerFactory for ExecManager {
         UsedRemotes::All
     }
 
+    /// A process started against a lost remote could only wait on it, or
+    /// fail its cache sync: it starts when none is lost.
+    fn waits_for_lost_remotes(&self) -> bool {
+        true
+    }
+
     async fn run(&self, cycle: CycleToken) -> Result<(), ManagerError> {
         let shared = &self.shared;
         let spec = Arc::clone(&lock(&shared.spec));

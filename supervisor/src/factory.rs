@@ -102,6 +102,17 @@ pub trait ManagerFactory: Send + Sync {
         UsedRemotes::All
     }
 
+    /// Whether the manager starts only while no remote whose loss ends its
+    /// cycle is lost. A manager that cannot run in part (a process) says
+    /// so: started against a lost remote it could only wait on it or fail.
+    /// The supervisor then holds each cycle before [`run`](Self::run) while
+    /// any such remote is lost, and runs it, with no rebuild, when the last
+    /// one is back. The default, `false`, runs at once: the built-in
+    /// manager syncs the reachable remotes meanwhile.
+    fn waits_for_lost_remotes(&self) -> bool {
+        false
+    }
+
     /// Builds the manager for `cycle` and runs it until it ends.
     ///
     /// Returning `Ok` without the cycle having been cancelled counts as

@@ -23,6 +23,12 @@
 //!   signals between cycles are dropped, so a remote already down when a
 //!   cycle starts does not end it again. Dropped signals (a source that fell
 //!   behind) end the cycle as `transitions_missed`: a loss may be among them.
+//! - The loop keeps which remotes are lost, from every signal it takes. A
+//!   manager that [waits for lost remotes](ManagerFactory::waits_for_lost_remotes)
+//!   is not run while a remote whose loss would end its cycle is lost: the
+//!   cycle holds, and its manager starts in it when the last one is back.
+//!   Dropped signals forget what was lost, so a missed recovery never holds
+//!   a cycle for ever.
 //! - Each remote a cycle uses has a scope ([`RemoteScope`]). The loss of a
 //!   remote that [restarts alone](UsedRemote::restarts_alone) stops only its
 //!   scope, counted in `tether_remote_restarts_total`; it runs again in the

@@ -1,6 +1,7 @@
 //! The cycle loop.
 
 use std::any::Any;
+use std::collections::BTreeSet;
 use std::panic::AssertUnwindSafe;
 use std::pin::pin;
 use std::sync::Arc;
@@ -238,6 +239,9 @@ impl<F: ManagerFactory> Supervisor<F> {
     /// - dropped signals end the cycle (`transitions_missed`): any of them
     ///   may have been a loss.
     ///
+    /// Signals between cycles still count toward which remotes are lost,
+    /// for a manager that [waits for them](ManagerFactory::waits_for_lost_remotes).
+    ///
     /// May be called more than once; the sources are merged.
     #[must_use]
     pub fn end_cycles_on(
@@ -300,12 +304,15 @@ struct Looper<F> {
 impl<F: ManagerFactory> Looper<F> {
     async fn cycles(&self, root: &CancellationToken, signals: &mut Signals) -> ShutdownOutcome {
         let mut backoff = Backoff::new(self.config.backoff);
+        // The remotes lost now, as the signals say.
+        let mut lost = BTreeSet::new();
         for number in 1.. {
             if root.is_cancelled() || !self.until_open(root).await {
                 break;
             }
             // What was signalled before this cycle is not news to it.
             while let Some(Some(signal)) = signals.next().now_or_never() {
+                track(&mut lost, &signal);
                 debug!(%signal, "signal between cycles; dropped");
             }
             let cycle = CycleToken::with_state(number, root, Some(Arc::clone(&self.state)));
@@ -320,7 +327,7 @@ impl<F: ManagerFactory> Looper<F> {
             info!(cycle = number, "cycle starting");
 
             let end = self
-                .run_cycle(&cycle, root, signals)
+                .run_cycle(&cycle, root, signals, &mut lost)
                 .instrument(info_span!("cycle", cycle = number))
                 .await;
             let ended = Instant::now();
@@ -353,6 +360,7 @@ impl<F: ManagerFactory> Looper<F> {
                             () = &mut sleep => return true,
                             () = root.cancelled() => return false,
                             Some(signal) = signals.next() => {
+                                track(&mut lost, &signal);
                                 debug!(%signal, "signal between cycles; dropped");
                             }
                         }
@@ -401,29 +409,58 @@ impl<F: ManagerFactory> Looper<F> {
         .await
     }
 
+    /// The lost remotes whose loss would end `cycle`, if its manager waits
+    /// for them ([`ManagerFactory::waits_for_lost_remotes`]).
+    fn awaited(&self, cycle: &CycleToken, lost: &BTreeSet<String>) -> Vec<String> {
+        if !self.factory.waits_for_lost_remotes() {
+            return Vec::new();
+        }
+        lost.iter()
+            .filter(|remote| matches!(cycle.usage(remote), Usage::EndsCycle))
+            .cloned()
+            .collect()
+    }
+
     /// Runs one manager to its end, and leaves `cycle` cancelled with a cause.
+    /// A manager that waits for lost remotes is started only once none is.
     async fn run_cycle(
         &self,
         cycle: &CycleToken,
         root: &CancellationToken,
         signals: &mut Signals,
+        lost: &mut BTreeSet<String>,
     ) -> CycleEnd {
         let mut run = pin!(AssertUnwindSafe(self.factory.run(cycle.clone())).catch_unwind());
         let mut gate = self.gate.clone();
+        let mut waiting = self.awaited(cycle, lost);
+        if !waiting.is_empty() {
+            info!(remotes = %waiting.join(","), "waiting for lost remotes before starting the manager");
+        }
         let finished = self
             .beat_while(async {
                 loop {
                     tokio::select! {
                         biased;
-                        out = &mut run => return Some(out),
-                        () = root.cancelled() => return None,
+                        out = &mut run, if waiting.is_empty() => return Finished::Returned(out),
+                        () = root.cancelled() => return Finished::Root,
+                        () = cycle.cancelled(), if !waiting.is_empty() => return Finished::NeverStarted,
                         () = closed(gate.as_mut()) => {
                             if cycle.cancel(Cause::LeadershipLost) {
                                 warn!("leadership lost: ending the cycle");
                             }
                             gate = None;
                         }
-                        Some(signal) = signals.next() => self.on_signal(cycle, signal),
+                        Some(signal) = signals.next() => {
+                            track(lost, &signal);
+                            if waiting.is_empty() {
+                                self.on_signal(cycle, signal);
+                            } else {
+                                waiting = self.awaited(cycle, lost);
+                                if waiting.is_empty() {
+                                    info!(%signal, "no remote is lost: starting the manager");
+                                }
+                            }
+                        }
                     }
                 }
             })
@@ -436,8 +473,15 @@ impl<F: ManagerFactory> Looper<F> {
             cycle.cancel(Cause::Shutdown);
             self.state.shutting_down();
         }
-        let out = if let Some(out) = finished {
+        let out = if let Finished::Returned(out) = finished {
             Some(out)
+        } else if !waiting.is_empty() {
+            // Never started: nothing to wait for, and its cause is recorded.
+            return if shutting_down {
+                CycleEnd::Shutdown(ShutdownOutcome::Clean)
+            } else {
+                CycleEnd::Returned
+            };
         } else {
             let grace = self.config.shutdown_grace;
             info!(?grace, "shutting down; waiting for the manager to return");
@@ -530,6 +574,31 @@ impl<F: ManagerFactory> Looper<F> {
                 _ = ticks.tick() => self.state.beat(),
             }
         }
+    }
+}
+
+/// How the wait on a cycle's manager ended.
+enum Finished<T> {
+    /// The manager returned.
+    Returned(T),
+    /// `root` was cancelled first.
+    Root,
+    /// The cycle ended while it waited for lost remotes: no manager ran.
+    NeverStarted,
+}
+
+/// Keeps `lost` as the signals say.
+fn track(lost: &mut BTreeSet<String>, signal: &RemoteSignal) {
+    match signal {
+        RemoteSignal::Lost(remote) => {
+            lost.insert(remote.clone());
+        }
+        RemoteSignal::Recovered(remote) => {
+            lost.remove(remote);
+        }
+        // Transitions were missed: which remotes are lost is not known, and
+        // a wait for a recovery that was missed would never end.
+        RemoteSignal::Missed(_) => lost.clear(),
     }
 }
 

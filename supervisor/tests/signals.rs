@@ -34,6 +34,8 @@ struct Run {
 /// reports every run of that remote's scope.
 struct Scoped {
     used: Arc<Mutex<UsedRemotes>>,
+    /// Its answer to `waits_for_lost_remotes`.
+    waits: bool,
     cycles: mpsc::UnboundedSender<CycleToken>,
     runs: mpsc::UnboundedSender<Run>,
 }
@@ -44,6 +46,10 @@ impl ManagerFactory for Scoped {
             .lock()
             .expect("no test panics while holding it")
             .clone()
+    }
+
+    fn waits_for_lost_remotes(&self) -> bool {
+        self.waits
     }
 
     async fn run(&self, cycle: CycleToken) -> Result<(), ManagerError> {
@@ -86,11 +92,18 @@ struct Harness {
     run: JoinHandle<ShutdownOutcome>,
 }
 
+/// Longer than the default backoff's cap.
+const BACKOFF_MAX: std::time::Duration = std::time::Duration::from_secs(60);
+
 fn config() -> SupervisorConfig {
     SupervisorConfig::default().with_backoff(BackoffConfig::default().with_jitter(0.0))
 }
 
 fn start(used: UsedRemotes, config: SupervisorConfig) -> Harness {
+    start_with(used, config, false)
+}
+
+fn start_with(used: UsedRemotes, config: SupervisorConfig, waits: bool) -> Harness {
     let (cycles_tx, cycles) = mpsc::unbounded_channel();
     let (runs_tx, runs) = mpsc::unbounded_channel();
     let (signals, rx) = mpsc::unbounded_channel();
@@ -102,6 +115,7 @@ fn start(used: UsedRemotes, config: SupervisorConfig) -> Harness {
     let supervisor = Supervisor::new(
         Scoped {
             used: Arc::clone(&used),
+            waits,
             cycles: cycles_tx,
             runs: runs_tx,
         },
@@ -215,6 +229,49 @@ async fn a_lost_remote_ends_the_cycle_and_a_loss_between_cycles_does_not_end_the
     assert_eq!(fourth.number(), 4);
     assert_eq!(h.ended(CauseKind::RemoteLost), 1.0);
     assert_eq!(h.ended(CauseKind::RemoteRecovered), 1.0);
+    assert_eq!(h.shut_down().await, ShutdownOutcome::Clean);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_manager_that_waits_for_lost_remotes_runs_only_while_none_is_lost() {
+    let mut h = start_with(UsedRemotes::All, config(), true);
+    let first = h.next_cycle().await;
+    h.send(lost("a"));
+    h.send(lost("b"));
+    // Past any backoff, on the paused clock: the cycle is built, and waits.
+    tokio::time::sleep(BACKOFF_MAX).await;
+    h.until("the second cycle", |s| s.cycle == 2).await;
+    h.send(recovered("a"));
+    h.settle().await;
+    assert!(h.cycles.try_recv().is_err(), "ran while a remote was lost");
+    assert_eq!(first.cause(), Some(&Cause::remote_lost("a")));
+
+    // The last one back: the same cycle runs, with no rebuild.
+    h.send(recovered("b"));
+    let second = h.next_cycle().await;
+    assert_eq!(second.number(), 2);
+    h.settle().await;
+    assert!(!second.is_cancelled());
+    assert_eq!(h.ended(CauseKind::RemoteRecovered), 0.0);
+
+    // A reload while it waits ends the cycle; no manager ran in it.
+    h.send(lost("a"));
+    tokio::time::sleep(BACKOFF_MAX).await;
+    h.until("the third cycle", |s| s.cycle == 3).await;
+    h.settle().await;
+    assert!(h.handle.end_cycle(Cause::ConfigChanged));
+    tokio::time::sleep(BACKOFF_MAX).await;
+    h.until("the fourth cycle", |s| s.cycle == 4).await;
+    h.settle().await;
+    assert!(h.cycles.try_recv().is_err(), "ran while a remote was lost");
+    // Missed transitions leave what is lost unknown: it runs.
+    h.send(RemoteSignal::Missed(3));
+    assert_eq!(h.next_cycle().await.number(), 4);
+
+    // Shutdown while a cycle waits is clean.
+    h.send(lost("a"));
+    tokio::time::sleep(BACKOFF_MAX).await;
+    h.until("the fifth cycle", |s| s.cycle == 5).await;
     assert_eq!(h.shut_down().await, ShutdownOutcome::Clean);
 }
 
