@@ -111,19 +111,21 @@ def main():
         "dashboards": {"enabled": True},
         "homeCluster": {"watch": True},
     }
+    # The controller docs/exec.md walks through (tests/peers/mirror-controller).
+    MIRROR = ["/mirror-controller", "--remote=cluster-b", "--health-probe-bind-address=:8081"]
     cases = {
         "defaults": {},
         "one remote": {"remotes": [remote]},
         "every feature": everything,
         "two replicas": {**everything, "replicaCount": 2},
         "network policy": {**everything, "networkPolicy": {"enabled": True, "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]}},
-        "exec, tether in the controller's image": {"remotes": [remote], "image": {"repository": "registry.example.com/controller", "tag": "1.0"},
-                                                   "manager": {"exec": {"command": ["/manager", "--leader-elect=false"], "readiness": {"httpGet": {"port": 8081, "path": "/readyz"}}}}},
-        "exec with three replicas": {"remotes": [remote], "replicaCount": 3, "manager": {"exec": {"command": ["/manager", "--leader-elect=false"]}}},
+        "exec, tether in the controller's image": {"remotes": [remote], "image": {"repository": "registry.example.com/mirror-controller", "tag": "v0.1.0"},
+                                                   "manager": {"exec": {"command": MIRROR, "readiness": {"httpGet": {"port": 8081, "path": "/readyz"}}}}},
+        "exec with three replicas": {"remotes": [remote], "replicaCount": 3, "manager": {"exec": {"command": MIRROR}}},
         "three replicas sharing the remotes": {"remotes": [remote], "replicaCount": 3, "sharding": {"enabled": True}},
         "no Events": {"remotes": [remote], "events": {"enabled": False}},
-        "exec, tether added to an image": {"remotes": [remote], "manager": {"exec": {"command": ["/manager", "--leader-elect=false"],
-                                                                                      "image": {"repository": "registry.example.com/controller", "tag": "1.0"}}}},
+        "exec, tether added to an image": {"remotes": [remote], "manager": {"exec": {"command": MIRROR,
+                                                                                      "image": {"repository": "registry.example.com/mirror-controller", "tag": "v0.1.0"}}}},
     }
     # The README's quickstart values, as written there, are a case too.
     readme = (ROOT / "README.md").read_text()

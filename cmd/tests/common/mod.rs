@@ -108,7 +108,9 @@ pub(crate) struct Tether {
 }
 
 /// Collects what `pipe` gives, as text, until it closes.
-fn collect(mut pipe: impl tokio::io::AsyncRead + Unpin + Send + 'static) -> Arc<Mutex<String>> {
+pub(crate) fn collect(
+    mut pipe: impl tokio::io::AsyncRead + Unpin + Send + 'static,
+) -> Arc<Mutex<String>> {
     let text = Arc::new(Mutex::new(String::new()));
     let sink = Arc::clone(&text);
     tokio::spawn(async move {

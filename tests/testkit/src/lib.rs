@@ -67,7 +67,7 @@ pub use crate::fault::{Fault, parse_duration};
 pub use crate::hostile::{FORGED_LINE, HostileServer, Hostility};
 pub use crate::kubeconfig::Kubeconfig;
 pub use crate::netns::TestHost;
-pub use crate::real::{ControlPlane, RealOptions};
+pub use crate::real::{ControlPlane, RealOptions, peer};
 pub use crate::resource::Resource;
 pub use crate::selector::check_label_selector;
 pub use crate::server::{ApiServer, Options, Requests, Restart, Rotation, Stats};

@@ -56,7 +56,7 @@ fn peers_dir() -> PathBuf {
 /// # Errors
 ///
 /// [`Error::Command`] naming the command that builds it, if it is missing.
-fn peer(name: &str) -> Result<PathBuf> {
+pub fn peer(name: &str) -> Result<PathBuf> {
     let path = peers_dir().join(name);
     if path.is_file() {
         Ok(path)

@@ -1,0 +1,219 @@
+// lease-candidate is the client-go side of tether's leader-election interop
+// test, and the witness that every candidate's manager runs.
+//
+//	lease-candidate elect --identity go-0 ...   a candidate on a LeaseLock
+//	lease-candidate write --identity r0 ...     a manager that writes until SIGTERM
+//
+// While it may act, each appends to one witness log, on CLOCK_MONOTONIC in
+// nanoseconds:
+//
+//	start <t> <identity>
+//	write <t> <identity> <seq>   after the apiserver accepted {holder, seq}
+//	stop <t> <identity>
+//
+// and writes {holder, seq} to one ConfigMap. The test's auditor checks that
+// no two tenures overlap and that every write falls inside its writer's.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: lease-candidate elect|write [flags]")
+		os.Exit(2)
+	}
+	mode := os.Args[1]
+	flags := flag.NewFlagSet(mode, flag.ExitOnError)
+	kubeconfig := flags.String("kubeconfig", "", "the cluster that holds the Lease and the ConfigMap")
+	namespace := flags.String("namespace", "default", "the namespace of both")
+	identity := flags.String("identity", "", "this candidate's identity")
+	witness := flags.String("witness", "", "the witness log to append to")
+	configMap := flags.String("configmap", "witness", "the ConfigMap every leader writes")
+	lease := flags.String("lease", "tether", "the Lease (elect)")
+	leaseDuration := flags.Duration("lease-duration", 15*time.Second, "LeaseDuration (elect)")
+	renewDeadline := flags.Duration("renew-deadline", 10*time.Second, "RenewDeadline (elect)")
+	retryPeriod := flags.Duration("retry-period", 2*time.Second, "RetryPeriod (elect)")
+	_ = flags.Parse(os.Args[2:])
+	if *identity == "" || *witness == "" {
+		fmt.Fprintln(os.Stderr, "lease-candidate: --identity and --witness are required")
+		os.Exit(2)
+	}
+	config, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "lease-candidate: kubeconfig:", err)
+		os.Exit(2)
+	}
+	config.Timeout = *retryPeriod
+	client := kubernetes.NewForConfigOrDie(config)
+	log, err := os.OpenFile(*witness, os.O_APPEND|os.O_WRONLY|os.O_CREATE, 0o644)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "lease-candidate: witness:", err)
+		os.Exit(2)
+	}
+	w := &writer{client: client, namespace: *namespace, name: *configMap, identity: *identity, log: log}
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer cancel()
+	switch mode {
+	case "write":
+		// A manager under tether: it acts from start to SIGTERM.
+		w.run(ctx, func() bool { return true })
+	case "elect":
+		elect(ctx, client, w, *namespace, *lease, *leaseDuration, *renewDeadline, *retryPeriod)
+	default:
+		fmt.Fprintln(os.Stderr, "lease-candidate: unknown mode", mode)
+		os.Exit(2)
+	}
+}
+
+// elect stands for the Lease until ctx ends, as a client-go controller does
+// with ReleaseOnCancel. It writes while it leads and its lease is surely its
+// own: no longer than LeaseDuration, less a retry period, after it last saw
+// its own renewal, on its own clock (client-go's Check). When it may no
+// longer write it lets go, as a controller exits, and stands again.
+func elect(ctx context.Context, client kubernetes.Interface, w *writer, namespace, lease string, leaseDuration, renewDeadline, retryPeriod time.Duration) {
+	for ctx.Err() == nil {
+		term, letGo := context.WithCancel(ctx)
+		// OnStartedLeading runs in a goroutine of its own: this term waits
+		// for it, and one that starts after the term ended does nothing.
+		var (
+			mu      sync.Mutex
+			ended   bool
+			running sync.WaitGroup
+			elector *leaderelection.LeaderElector
+		)
+		elector, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+			Lock: &resourcelock.LeaseLock{
+				LeaseMeta:  metav1.ObjectMeta{Namespace: namespace, Name: lease},
+				Client:     client.CoordinationV1(),
+				LockConfig: resourcelock.ResourceLockConfig{Identity: w.identity},
+			},
+			LeaseDuration:   leaseDuration,
+			RenewDeadline:   renewDeadline,
+			RetryPeriod:     retryPeriod,
+			ReleaseOnCancel: true,
+			Name:            lease,
+			Callbacks: leaderelection.LeaderCallbacks{
+				OnStartedLeading: func(leading context.Context) {
+					mu.Lock()
+					if ended {
+						mu.Unlock()
+						return
+					}
+					running.Add(1)
+					mu.Unlock()
+					defer running.Done()
+					w.run(leading, func() bool {
+						return elector.IsLeader() && elector.Check(-retryPeriod) == nil
+					})
+					letGo()
+				},
+				OnStoppedLeading: func() {},
+			},
+		})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "lease-candidate:", err)
+			os.Exit(2)
+		}
+		elector.Run(term)
+		letGo()
+		mu.Lock()
+		ended = true
+		mu.Unlock()
+		running.Wait()
+	}
+}
+
+type writer struct {
+	client          kubernetes.Interface
+	namespace, name string
+	identity        string
+	log             *os.File
+	seq             int
+}
+
+// run writes {holder, seq} every 50ms while ctx lasts and mayAct holds,
+// noting its start before the first write and its stop at the end.
+func (w *writer) run(ctx context.Context, mayAct func() bool) {
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	started := false
+	defer func() {
+		if started {
+			w.note("stop")
+		}
+	}()
+	for {
+		if ctx.Err() != nil || !mayAct() {
+			return
+		}
+		if !started {
+			w.note("start")
+			started = true
+		}
+		w.seq++
+		if err := w.write(ctx); err == nil {
+			w.note("write", strconv.Itoa(w.seq))
+		} else if !errors.Is(err, context.Canceled) {
+			fmt.Fprintln(os.Stderr, "lease-candidate: write:", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+func (w *writer) write(ctx context.Context) error {
+	data := map[string]string{"holder": w.identity, "seq": strconv.Itoa(w.seq)}
+	maps := w.client.CoreV1().ConfigMaps(w.namespace)
+	current, err := maps.Get(ctx, w.name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		_, err = maps.Create(ctx, &corev1.ConfigMap{
+			ObjectMeta: metav1.ObjectMeta{Namespace: w.namespace, Name: w.name},
+			Data:       data,
+		}, metav1.CreateOptions{})
+		return err
+	}
+	if err != nil {
+		return err
+	}
+	current.Data = data
+	_, err = maps.Update(ctx, current, metav1.UpdateOptions{})
+	return err
+}
+
+// note appends one line to the witness log, stamped on CLOCK_MONOTONIC.
+func (w *writer) note(what string, extra ...string) {
+	var now unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &now); err != nil {
+		panic(err)
+	}
+	line := fmt.Sprintf("%s %d %s", what, now.Nano(), w.identity)
+	for _, e := range extra {
+		line += " " + e
+	}
+	if _, err := w.log.WriteString(line + "\n"); err != nil {
+		panic(err)
+	}
+}
