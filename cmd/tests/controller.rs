@@ -79,13 +79,6 @@ async fn plane(name: &str) -> ControlPlane {
         .unwrap_or_else(|err| panic!("the real control plane starts: {err}"))
 }
 
-fn trials() -> usize {
-    std::env::var("TETHER_TRIALS")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(1)
-}
-
 fn configmaps(client: kube::Client) -> kube::Api<ConfigMap> {
     kube::Api::namespaced(client, "default")
 }
@@ -260,23 +253,13 @@ async fn baseline(
 
 /// The pids of tether's mirror controllers (`comm` is cut at 15 bytes).
 fn controllers(tether: u32) -> Vec<u32> {
-    let mut found = Vec::new();
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{tether}/task")) else {
-        return found;
-    };
-    for task in tasks.flatten() {
-        let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
-        for pid in children
-            .split_whitespace()
-            .filter_map(|p| p.parse::<u32>().ok())
-        {
-            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-            if comm.trim() == "mirror-controll" {
-                found.push(pid);
-            }
-        }
-    }
-    found
+    common::children(tether)
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|comm| comm.trim() == "mirror-controll")
+        })
+        .collect()
 }
 
 /// One trial of the cure: how long from the fault until the controller
@@ -398,7 +381,7 @@ async fn a_real_controller_stays_ready_on_a_stale_cache_and_tether_replaces_it()
             ..Shape::default()
         },
     );
-    let trials = trials();
+    let trials = common::trials(1);
     let _ = writeln!(report, "under tether ({trials} trials each; median, max):");
     for fault in FAULTS {
         let (mut stopped, mut mirrored) = (Vec::new(), Vec::new());

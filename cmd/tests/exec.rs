@@ -9,7 +9,7 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
-use common::{DEADLINE, Shape, Tether, exec_kubeconfig, free_port, remote};
+use common::{DEADLINE, Shape, Tether, children, exec_kubeconfig, free_port, remote};
 use serde_json::Value;
 use tether_testkit::{ApiServer, Fault};
 
@@ -591,22 +591,4 @@ async fn as_pid_1_tether_warns_of_a_process_that_left_the_managers_group() {
     }
     let logs = tether.logs();
     assert!(logs.contains("process=sleep"), "{logs}");
-}
-
-/// The children of `parent`, from `/proc`.
-fn children(parent: u32) -> Vec<u32> {
-    std::fs::read_dir("/proc")
-        .expect("/proc")
-        .filter_map(Result::ok)
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .ok()
-                .and_then(|stat| {
-                    let (_, fields) = stat.rsplit_once(')')?;
-                    fields.split_whitespace().nth(1)?.parse::<u32>().ok()
-                })
-                == Some(parent)
-        })
-        .collect()
 }

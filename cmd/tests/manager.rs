@@ -161,12 +161,7 @@ async fn losing_an_optional_remote_restarts_only_its_own_watches() {
     assert_eq!(restarts.get("remote_lost"), Some(&1.0), "{restarts:?}");
     assert_eq!(restarts.get("remote_recovered"), Some(&0.0), "{restarts:?}");
 
-    stack.root.cancel();
-    let outcome = timeout(Duration::from_secs(10), stack.run)
-        .await
-        .expect("shutdown deadlocked?")
-        .expect("no panic");
-    assert_eq!(outcome, tether_supervisor::ShutdownOutcome::Clean);
+    stack.shuts_down_cleanly().await;
 }
 
 /// A watch that failed for a moment, on a remote the probes never lost,
@@ -207,10 +202,5 @@ async fn a_watch_that_failed_briefly_is_current_again_with_nothing_changed() {
     assert!(now.manager_up, "the manager went down");
     assert_eq!(now.cycle, 1, "a moment's failure ended the cycle");
 
-    stack.root.cancel();
-    let outcome = timeout(Duration::from_secs(10), stack.run)
-        .await
-        .expect("shutdown deadlocked?")
-        .expect("no panic");
-    assert_eq!(outcome, tether_supervisor::ShutdownOutcome::Clean);
+    stack.shuts_down_cleanly().await;
 }

@@ -468,6 +468,46 @@ pub(crate) struct InProcess {
     pub(crate) registry: prometheus::Registry,
 }
 
+impl InProcess {
+    /// Cancels the root token and waits for the supervisor: a clean stop,
+    /// within 10s.
+    pub(crate) async fn shuts_down_cleanly(self) {
+        self.root.cancel();
+        let outcome = timeout(Duration::from_secs(10), self.run)
+            .await
+            .expect("shutdown deadlocked?")
+            .expect("no panic");
+        assert_eq!(outcome, tether_supervisor::ShutdownOutcome::Clean);
+    }
+}
+
+/// The children of `parent`, from `/proc`.
+pub(crate) fn children(parent: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .expect("/proc")
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    let (_, fields) = stat.rsplit_once(')')?;
+                    fields.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(parent)
+        })
+        .collect()
+}
+
+/// How many trials a test that measures runs of each case:
+/// `TETHER_TRIALS`, else `default`.
+pub(crate) fn trials(default: usize) -> usize {
+    std::env::var("TETHER_TRIALS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(default)
+}
+
 /// The Lease `name` in `server`'s `default` namespace, as a client reads it.
 pub(crate) async fn lease(
     server: &impl Cluster,

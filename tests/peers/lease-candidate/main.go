@@ -8,11 +8,14 @@
 // nanoseconds:
 //
 //	start <t> <identity>
-//	write <t> <identity> <seq>   after the apiserver accepted {holder, seq}
+//	write <t> <identity> <seq> <rv>   t: when the write was sent; rv: the
+//	                                  ConfigMap's resourceVersion it made
 //	stop <t> <identity>
 //
 // and writes {holder, seq} to one ConfigMap. The test's auditor checks that
-// no two tenures overlap and that every write falls inside its writer's.
+// no two tenures overlap, that every write falls inside its writer's, and,
+// by resourceVersion, that no write of an older tenure landed after one of
+// a newer.
 package main
 
 import (
@@ -64,6 +67,10 @@ func main() {
 		os.Exit(2)
 	}
 	config.Timeout = *retryPeriod
+	// No client-side rate limit (client-go's default is 5 requests a
+	// second): a write that waits its turn is sent after the check that
+	// allowed it, and a renewal that waits behind writes comes late.
+	config.QPS = -1
 	client := kubernetes.NewForConfigOrDie(config)
 	log, err := os.OpenFile(*witness, os.O_APPEND|os.O_WRONLY|os.O_CREATE, 0o644)
 	if err != nil {
@@ -87,9 +94,11 @@ func main() {
 
 // elect stands for the Lease until ctx ends, as a client-go controller does
 // with ReleaseOnCancel. It writes while it leads and its lease is surely its
-// own: no longer than LeaseDuration, less a retry period, after it last saw
-// its own renewal, on its own clock (client-go's Check). When it may no
-// longer write it lets go, as a controller exits, and stands again.
+// own: within RenewDeadline of *sending* its last renewal that succeeded, on
+// its own clock, as tether fences. (client-go's own Check counts from when
+// the answer came back: a leader frozen while a renewal was in flight
+// trusts it after the thaw, when another may hold the Lease.) When it may
+// no longer write it lets go, as a controller exits, and stands again.
 func elect(ctx context.Context, client kubernetes.Interface, w *writer, namespace, lease string, leaseDuration, renewDeadline, retryPeriod time.Duration) {
 	for ctx.Err() == nil {
 		term, letGo := context.WithCancel(ctx)
@@ -101,12 +110,13 @@ func elect(ctx context.Context, client kubernetes.Interface, w *writer, namespac
 			running sync.WaitGroup
 			elector *leaderelection.LeaderElector
 		)
+		lock := &fencedLock{LeaseLock: &resourcelock.LeaseLock{
+			LeaseMeta:  metav1.ObjectMeta{Namespace: namespace, Name: lease},
+			Client:     client.CoordinationV1(),
+			LockConfig: resourcelock.ResourceLockConfig{Identity: w.identity},
+		}}
 		elector, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
-			Lock: &resourcelock.LeaseLock{
-				LeaseMeta:  metav1.ObjectMeta{Namespace: namespace, Name: lease},
-				Client:     client.CoordinationV1(),
-				LockConfig: resourcelock.ResourceLockConfig{Identity: w.identity},
-			},
+			Lock:            lock,
 			LeaseDuration:   leaseDuration,
 			RenewDeadline:   renewDeadline,
 			RetryPeriod:     retryPeriod,
@@ -123,7 +133,7 @@ func elect(ctx context.Context, client kubernetes.Interface, w *writer, namespac
 					mu.Unlock()
 					defer running.Done()
 					w.run(leading, func() bool {
-						return elector.IsLeader() && elector.Check(-retryPeriod) == nil
+						return elector.IsLeader() && lock.sentWithin(renewDeadline)
 					})
 					letGo()
 				},
@@ -141,6 +151,68 @@ func elect(ctx context.Context, client kubernetes.Interface, w *writer, namespac
 		mu.Unlock()
 		running.Wait()
 	}
+}
+
+// fencedLock is a LeaseLock that remembers when the last write of the
+// Lease that succeeded was sent, and releases only a Lease it holds.
+type fencedLock struct {
+	*resourcelock.LeaseLock
+	mu     sync.Mutex
+	sent   time.Time
+	holder string // as last read
+}
+
+func (l *fencedLock) Get(ctx context.Context) (*resourcelock.LeaderElectionRecord, []byte, error) {
+	record, raw, err := l.LeaseLock.Get(ctx)
+	if err == nil {
+		l.mu.Lock()
+		l.holder = record.HolderIdentity
+		l.mu.Unlock()
+	}
+	return record, raw, err
+}
+
+func (l *fencedLock) Create(ctx context.Context, record resourcelock.LeaderElectionRecord) error {
+	at := time.Now()
+	err := l.LeaseLock.Create(ctx, record)
+	l.succeeded(at, err)
+	return err
+}
+
+func (l *fencedLock) Update(ctx context.Context, record resourcelock.LeaderElectionRecord) error {
+	l.mu.Lock()
+	holder := l.holder
+	l.mu.Unlock()
+	if record.HolderIdentity == "" && holder != l.Identity() {
+		// client-go v0.37's release reads the Lease, then asks whether it
+		// leads by the record it saw *before* that read: a leader paused
+		// past its renew deadline, its renewals never tried, releases the
+		// Lease another candidate took meanwhile. Found by this test.
+		return nil
+	}
+	at := time.Now()
+	err := l.LeaseLock.Update(ctx, record)
+	l.succeeded(at, err)
+	return err
+}
+
+func (l *fencedLock) succeeded(at time.Time, err error) {
+	if err != nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if at.After(l.sent) {
+		l.sent = at
+	}
+}
+
+// sentWithin says whether the last write that succeeded was sent less than
+// d ago.
+func (l *fencedLock) sentWithin(d time.Duration) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return !l.sent.IsZero() && time.Since(l.sent) < d
 }
 
 type writer struct {
@@ -171,9 +243,9 @@ func (w *writer) run(ctx context.Context, mayAct func() bool) {
 			started = true
 		}
 		w.seq++
-		if err := w.write(ctx); err == nil {
-			w.note("write", strconv.Itoa(w.seq))
-		} else if !errors.Is(err, context.Canceled) {
+		if sent, rv, err := w.write(ctx, mayAct); err == nil {
+			w.noteAt(sent, "write", strconv.Itoa(w.seq), rv)
+		} else if !errors.Is(err, context.Canceled) && !errors.Is(err, errMayNotAct) {
 			fmt.Fprintln(os.Stderr, "lease-candidate: write:", err)
 		}
 		select {
@@ -184,32 +256,53 @@ func (w *writer) run(ctx context.Context, mayAct func() bool) {
 	}
 }
 
-func (w *writer) write(ctx context.Context) error {
+var errMayNotAct = errors.New("may no longer act")
+
+// write sets {holder, seq}, with the resourceVersion it read, if mayAct
+// still holds once it has read: when the write was sent, and the
+// resourceVersion it made.
+func (w *writer) write(ctx context.Context, mayAct func() bool) (int64, string, error) {
 	data := map[string]string{"holder": w.identity, "seq": strconv.Itoa(w.seq)}
 	maps := w.client.CoreV1().ConfigMaps(w.namespace)
 	current, err := maps.Get(ctx, w.name, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		_, err = maps.Create(ctx, &corev1.ConfigMap{
+	if !mayAct() {
+		return 0, "", errMayNotAct
+	}
+	sent := monotonic()
+	var written *corev1.ConfigMap
+	switch {
+	case apierrors.IsNotFound(err):
+		written, err = maps.Create(ctx, &corev1.ConfigMap{
 			ObjectMeta: metav1.ObjectMeta{Namespace: w.namespace, Name: w.name},
 			Data:       data,
 		}, metav1.CreateOptions{})
-		return err
+	case err == nil:
+		current.Data = data
+		written, err = maps.Update(ctx, current, metav1.UpdateOptions{})
 	}
 	if err != nil {
-		return err
+		return 0, "", err
 	}
-	current.Data = data
-	_, err = maps.Update(ctx, current, metav1.UpdateOptions{})
-	return err
+	return sent, written.ResourceVersion, nil
 }
 
-// note appends one line to the witness log, stamped on CLOCK_MONOTONIC.
-func (w *writer) note(what string, extra ...string) {
+// monotonic is CLOCK_MONOTONIC in nanoseconds: one clock for every process.
+func monotonic() int64 {
 	var now unix.Timespec
 	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &now); err != nil {
 		panic(err)
 	}
-	line := fmt.Sprintf("%s %d %s", what, now.Nano(), w.identity)
+	return now.Nano()
+}
+
+// note appends one line to the witness log, stamped now.
+func (w *writer) note(what string, extra ...string) {
+	w.noteAt(monotonic(), what, extra...)
+}
+
+// noteAt appends one line to the witness log, stamped at.
+func (w *writer) noteAt(at int64, what string, extra ...string) {
+	line := fmt.Sprintf("%s %d %s", what, at, w.identity)
 	for _, e := range extra {
 		line += " " + e
 	}
