@@ -110,7 +110,7 @@ func elect(ctx context.Context, client kubernetes.Interface, w *writer, namespac
 			running sync.WaitGroup
 			elector *leaderelection.LeaderElector
 		)
-		lock := &fencedLock{LeaseLock: &resourcelock.LeaseLock{
+		lock := &fencedLock{leaseDuration: leaseDuration, LeaseLock: &resourcelock.LeaseLock{
 			LeaseMeta:  metav1.ObjectMeta{Namespace: namespace, Name: lease},
 			Client:     client.CoordinationV1(),
 			LockConfig: resourcelock.ResourceLockConfig{Identity: w.identity},
@@ -154,25 +154,44 @@ func elect(ctx context.Context, client kubernetes.Interface, w *writer, namespac
 }
 
 // fencedLock is a LeaseLock that remembers when the last write of the
-// Lease that succeeded was sent, and releases only a Lease it holds.
+// Lease that succeeded was sent, releases only a Lease it holds, and waits
+// before it creates a missing one: the three places where stock client-go
+// let two candidates act at once in tether's interop test (docs/ha.md).
 type fencedLock struct {
 	*resourcelock.LeaseLock
-	mu     sync.Mutex
-	sent   time.Time
-	holder string // as last read
+	leaseDuration time.Duration
+	mu            sync.Mutex
+	sent          time.Time
+	holder        string    // as last read
+	vanished      time.Time // when the Lease was first found missing
 }
 
 func (l *fencedLock) Get(ctx context.Context) (*resourcelock.LeaderElectionRecord, []byte, error) {
 	record, raw, err := l.LeaseLock.Get(ctx)
-	if err == nil {
-		l.mu.Lock()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case err == nil:
 		l.holder = record.HolderIdentity
-		l.mu.Unlock()
+		l.vanished = time.Time{}
+	case apierrors.IsNotFound(err) && l.vanished.IsZero():
+		l.vanished = time.Now()
 	}
 	return record, raw, err
 }
 
+// Create creates the Lease, unless it was found missing less than a lease
+// duration ago and this candidate did not hold it: client-go creates a
+// missing Lease and leads at once, while a holder it never saw, or saw
+// before the Lease was deleted, acts on until its next try. tether waits,
+// and so does this candidate.
 func (l *fencedLock) Create(ctx context.Context, record resourcelock.LeaderElectionRecord) error {
+	l.mu.Lock()
+	mayBeHeld := l.holder != l.Identity() && time.Since(l.vanished) < l.leaseDuration
+	l.mu.Unlock()
+	if mayBeHeld {
+		return errors.New("the Lease was found missing less than a lease duration ago")
+	}
 	at := time.Now()
 	err := l.LeaseLock.Create(ctx, record)
 	l.succeeded(at, err)
