@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::matrix::detection_bound;
-use common::{DEADLINE, Shape, Tether, collect, free_port, http_get};
+use common::{DEADLINE, Shape, Tether, collect, free_port, http_get, real_plane};
 use k8s_openapi::api::core::v1::ConfigMap;
 use tether_testkit::{ControlPlane, RealOptions, peer};
 
@@ -71,12 +71,6 @@ impl Fault {
             Self::Refused => remote.restart().await.expect("started again"),
         }
     }
-}
-
-async fn plane(name: &str) -> ControlPlane {
-    ControlPlane::start(RealOptions::default().name(name))
-        .await
-        .unwrap_or_else(|err| panic!("the real control plane starts: {err}"))
 }
 
 fn configmaps(client: kube::Client) -> kube::Api<ConfigMap> {
@@ -341,14 +335,12 @@ fn exec_manager(home_kubeconfig: &Path) -> String {
     )
 }
 
-fn median_max(mut samples: Vec<Duration>) -> (Duration, Duration) {
-    samples.sort();
-    (samples[samples.len() / 2], samples[samples.len() - 1])
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_controller_stays_ready_on_a_stale_cache_and_tether_replaces_it() {
-    let (home, remote) = tokio::join!(plane("home"), plane("b"));
+    let (home, remote) = tokio::join!(
+        real_plane(RealOptions::default().name("home")),
+        real_plane(RealOptions::default().name("b"))
+    );
     let dir = tempfile::tempdir().expect("temp dir");
 
     let mut report = String::from("the bare controller:\n");
@@ -390,7 +382,7 @@ async fn a_real_controller_stays_ready_on_a_stale_cache_and_tether_replaces_it()
             stopped.push(s);
             mirrored.push(m);
         }
-        let (stopped, mirrored) = (median_max(stopped), median_max(mirrored));
+        let (stopped, mirrored) = (common::median_max(stopped), common::median_max(mirrored));
         let _ = writeln!(
             report,
             "  {:<9} fault -> controller stopped {:.1}s, {:.1}s; recovery -> first mirrored {:.1}s, {:.1}s",

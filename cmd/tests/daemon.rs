@@ -489,11 +489,7 @@ async fn a_sighup_while_starting_does_not_end_the_process() {
         common::http_get(&admin, "/healthz").await.is_none(),
         "tether had already started"
     );
-    let status = std::process::Command::new("kill")
-        .args(["-HUP", &pid.to_string()])
-        .status()
-        .expect("kill runs");
-    assert!(status.success());
+    common::kill(pid, "HUP");
     // Every read of the CA, the start's and the reload's the SIGHUP asks
     // for, gets it. (The writer waits for a reader in a thread of its own.)
     let pem = a.ca_pem().expect("a CA");

@@ -26,9 +26,7 @@ const TRIALS: usize = 20;
 const REAL_TRIALS: usize = 6;
 
 async fn real(name: &str) -> ControlPlane {
-    ControlPlane::start(RealOptions::default().name(name))
-        .await
-        .unwrap_or_else(|err| panic!("the real control plane starts: {err}"))
+    common::real_plane(RealOptions::default().name(name)).await
 }
 
 /// One replica: a tether process and its relay.
@@ -122,11 +120,6 @@ async fn sees_holder(replica: &Replica, holder: &str) {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-fn stats(mut samples: Vec<Duration>) -> (Duration, Duration) {
-    samples.sort();
-    (samples[samples.len() / 2], samples[samples.len() - 1])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -352,7 +345,7 @@ async fn failovers_within(
     bound: Duration,
 ) {
     let took = failovers(server, signal, trials).await;
-    let (median, max) = stats(took);
+    let (median, max) = common::median_max(took);
     println!(
         "failover after SIG{signal} of the leader, {which} apiserver, {trials} trials: median {median:?}, max {max:?}"
     );
@@ -428,7 +421,7 @@ async fn partitioned_leader(server: &impl Cluster, which: &str, trials: usize) {
     };
     let log = std::fs::read_to_string(&witness.log).expect("the witness log");
     let overlap = overlap(&runs);
-    let (median, max) = stats(took);
+    let (median, max) = common::median_max(took);
     println!(
         "partitioned leader, {which} apiserver, {trials} trials (refuse and hang): a new leader up after median {median:?}, max {max:?}; {} manager runs; overlap {overlap:?}",
         runs.len()

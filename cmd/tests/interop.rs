@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{DEADLINE, Shape, Tether, children};
+use common::{DEADLINE, Shape, Tether, children, kill, real_plane};
 use k8s_openapi::api::coordination::v1::Lease;
 use tether_testkit::{ControlPlane, RealOptions, peer};
 
@@ -84,19 +84,9 @@ struct World {
     started: usize,
 }
 
-fn kill(pid: u32, signal: &str) {
-    let status = std::process::Command::new("kill")
-        .args([&format!("-{signal}"), &pid.to_string()])
-        .status()
-        .expect("kill runs");
-    assert!(status.success(), "kill -{signal} {pid}");
-}
-
 impl World {
     async fn new() -> Self {
-        let plane = ControlPlane::start(RealOptions::default().name("lease"))
-            .await
-            .unwrap_or_else(|err| panic!("the real control plane starts: {err}"));
+        let plane = real_plane(RealOptions::default().name("lease")).await;
         let dir = tempfile::tempdir().expect("temp dir");
         let kubeconfig = dir.path().join("kubeconfig");
         plane.kubeconfig().write(&kubeconfig).expect("kubeconfig");

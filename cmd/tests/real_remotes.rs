@@ -18,9 +18,7 @@ use tether_testkit::{ControlPlane, RealOptions};
 use tokio::time::Instant;
 
 async fn plane(options: RealOptions) -> ControlPlane {
-    let plane = ControlPlane::start(options)
-        .await
-        .unwrap_or_else(|err| panic!("the real control plane starts: {err}"));
+    let plane = common::real_plane(options).await;
     seed(&plane, 3).await;
     plane
 }

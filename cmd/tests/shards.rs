@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::{DEADLINE, Shape, Tether};
 use tether::lease::shard::owner;
-use tether_testkit::{ApiServer, Cluster, ControlPlane, Options, RealOptions};
+use tether_testkit::{ApiServer, Cluster, Options, RealOptions};
 
 const LEASE_DURATION: Duration = Duration::from_secs(3);
 const RENEW_DEADLINE: Duration = Duration::from_secs(2);
@@ -240,9 +240,7 @@ async fn replicas_share_the_remotes_and_a_loss_or_a_join_moves_only_what_it_must
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_real_leases_replicas_share_the_remotes_and_a_loss_or_a_join_moves_only_what_it_must() {
-    let leases = ControlPlane::start(RealOptions::default().name("leases"))
-        .await
-        .unwrap_or_else(|err| panic!("the real control plane starts: {err}"));
+    let leases = common::real_plane(RealOptions::default().name("leases")).await;
     share_the_remotes(&leases).await;
     // The real apiserver holds the shard Leases tether wrote: the two
     // members still running, with their holders.

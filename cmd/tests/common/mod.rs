@@ -426,12 +426,7 @@ impl Tether {
     }
 
     pub(crate) fn signal(&self, signal: &str) {
-        let pid = self.child.id().expect("running").to_string();
-        let status = std::process::Command::new("kill")
-            .args([&format!("-{signal}"), &pid])
-            .status()
-            .expect("kill runs");
-        assert!(status.success());
+        kill(self.child.id().expect("running"), signal);
     }
 
     /// Sends SIGTERM and asserts that tether exits 0 within `bound`.
@@ -497,6 +492,30 @@ pub(crate) fn children(parent: u32) -> Vec<u32> {
                 == Some(parent)
         })
         .collect()
+}
+
+/// Sends `signal` (`TERM`, `KILL`, `STOP`, ...) to `pid` with kill(1).
+pub(crate) fn kill(pid: u32, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success(), "kill -{signal} {pid}");
+}
+
+/// A real control plane (`scripts/peers`), started as `options` say.
+pub(crate) async fn real_plane(
+    options: tether_testkit::RealOptions,
+) -> tether_testkit::ControlPlane {
+    tether_testkit::ControlPlane::start(options)
+        .await
+        .unwrap_or_else(|err| panic!("the real control plane starts: {err}"))
+}
+
+/// The median and the largest of `samples`.
+pub(crate) fn median_max(mut samples: Vec<Duration>) -> (Duration, Duration) {
+    samples.sort();
+    (samples[samples.len() / 2], samples[samples.len() - 1])
 }
 
 /// How many trials a test that measures runs of each case:
