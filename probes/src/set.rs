@@ -28,7 +28,6 @@
 //! - Every state change is logged once, counted in
 //!   `tether_remote_transitions_total`, and published once per name.
 
-use std::any::Any;
 use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -36,7 +35,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::{FutureExt as _, Stream};
 use prometheus::Registry;
-use tether_supervisor::RemoteSignal;
+use tether_supervisor::{RemoteSignal, panic_message};
 use tokio::sync::{Notify, broadcast};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -383,14 +382,6 @@ fn on_grid(at: Instant, epoch: Instant, interval: Duration) -> Instant {
     } else {
         at + nanos(step - past)
     }
-}
-
-fn panic_message(payload: &(dyn Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic payload that is not a string".to_owned())
 }
 
 impl ProbeSet {

@@ -92,7 +92,7 @@ pub use crate::scope::{OnLoss, RemoteScope, UsedRemote, UsedRemotes};
 pub use crate::signal::RemoteSignal;
 pub use crate::state::{EndedCycle, Phase, RECENT_CYCLES, Status};
 pub use crate::supervisor::{ShutdownOutcome, Supervisor, SupervisorConfig, SupervisorHandle};
-pub use crate::text::{MAX_ERROR_CHARS, printable};
+pub use crate::text::{MAX_ERROR_CHARS, panic_message, printable};
 pub use crate::token::CycleToken;
 
 /// What can go wrong when setting up a supervisor.

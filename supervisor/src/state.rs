@@ -132,6 +132,9 @@ struct Inner {
 pub(crate) struct State {
     inner: Mutex<Inner>,
     metrics: Metrics,
+    /// The number of the last cycle that ended (0: none yet), for those who
+    /// wait for one to end.
+    ended: tokio::sync::watch::Sender<u64>,
 }
 
 impl State {
@@ -154,6 +157,7 @@ impl State {
                 restartable: BTreeSet::new(),
             }),
             metrics,
+            ended: tokio::sync::watch::Sender::new(0),
         }
     }
 
@@ -172,6 +176,13 @@ impl State {
             status.stopped_remotes = cycle.stopped_remotes();
         }
         status
+    }
+
+    /// Resolves once cycle `number`, or a later one, has ended.
+    pub(crate) async fn ended(&self, number: u64) {
+        let mut ended = self.ended.subscribe();
+        // The sender lives as long as `self`: this cannot fail.
+        let _ = ended.wait_for(|last| *last >= number).await;
     }
 
     pub(crate) fn beat(&self) {
@@ -299,6 +310,7 @@ impl State {
             backoff: next,
         });
         *status.ended.entry(cause.kind()).or_default() += 1;
+        self.ended.send_replace(status.cycle);
         self.metrics.manager_up.set(0);
         self.metrics
             .cycles_total

@@ -1,6 +1,5 @@
 //! The cycle loop.
 
-use std::any::Any;
 use std::collections::BTreeSet;
 use std::panic::AssertUnwindSafe;
 use std::pin::pin;
@@ -18,6 +17,7 @@ use tracing::{Instrument as _, debug, error, info, info_span, warn};
 use crate::factory::error_chain;
 use crate::metrics::Metrics;
 use crate::state::{State, Status};
+use crate::text::panic_message;
 use crate::token::Usage;
 use crate::{
     Backoff, BackoffConfig, Cause, CauseKind, CycleToken, Error, ManagerError, ManagerFactory,
@@ -149,6 +149,12 @@ impl SupervisorHandle {
     #[allow(clippy::must_use_candidate)]
     pub fn end_cycle(&self, cause: Cause) -> bool {
         self.state.end_cycle(cause)
+    }
+
+    /// Resolves once cycle `number`, or a later one, has ended: its manager
+    /// has returned.
+    pub async fn ended(&self, number: u64) {
+        self.state.ended(number).await;
     }
 }
 
@@ -634,12 +640,4 @@ fn record_outcome(
             cycle.cancel(Cause::ManagerPanicked { message });
         }
     }
-}
-
-fn panic_message(payload: &(dyn Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic payload that is not a string".to_owned())
 }

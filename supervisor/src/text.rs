@@ -44,6 +44,17 @@ pub fn printable(text: &str, max: usize) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// The message of a panic's `payload`: the `&str` or `String` that
+/// `panic!` was given, or a note that it was something else.
+#[must_use]
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic payload that is not a string".to_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;

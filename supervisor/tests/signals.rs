@@ -6,6 +6,7 @@
 #![allow(clippy::float_cmp)]
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use prometheus::Registry;
 use tether_supervisor::{
@@ -319,6 +320,33 @@ async fn the_handle_ends_the_running_cycle_and_nothing_between_cycles() {
     h.settle().await;
     assert!(!second.is_cancelled());
     assert_eq!(h.ended(CauseKind::ConfigChanged), 1.0);
+    assert_eq!(h.shut_down().await, ShutdownOutcome::Clean);
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiting_for_a_cycle_to_end_resolves_once_its_manager_returned() {
+    let mut h = start(UsedRemotes::All, config());
+    h.next_cycle().await;
+    let handle = h.handle.clone();
+    let waiting = tokio::spawn(async move { handle.ended(1).await });
+    h.settle().await;
+    assert!(!waiting.is_finished(), "cycle 1 still runs");
+    assert!(h.handle.end_cycle(Cause::ConfigChanged));
+    tokio::time::timeout(BACKOFF_MAX, waiting)
+        .await
+        .expect("resolved once cycle 1 ended")
+        .expect("no panic");
+    assert!(
+        h.handle
+            .status()
+            .last_ended()
+            .is_some_and(|c| c.number == 1),
+        "resolved before cycle 1 was recorded as ended"
+    );
+    // An end already past resolves at once.
+    tokio::time::timeout(Duration::from_millis(1), h.handle.ended(1))
+        .await
+        .expect("cycle 1 ended before");
     assert_eq!(h.shut_down().await, ShutdownOutcome::Clean);
 }
 
