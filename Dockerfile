@@ -14,7 +14,7 @@ COPY . .
 # mounts, so a source change rebuilds tether alone.
 RUN --mount=type=cache,target=/usr/local/cargo/registry,id=cargo-registry \
     --mount=type=cache,target=/src/target,id=tether-target \
-    cargo build --release --locked -p tether --bin tether \
+    cargo build --release --locked --no-default-features -p tether --bin tether \
     && strip --strip-all -o /tether target/release/tether
 
 FROM gcr.io/distroless/cc-debian12:nonroot

@@ -116,6 +116,12 @@ def check_runs(root, version):
         if result.returncode != 0:
             fail(f"validate exited {result.returncode}: {result.stderr}")
         print("runs: validate accepts a config")
+    # The shipped binary links nothing from tests/: the demo's simulated
+    # remotes come from the test kit, so it has no demo.
+    result = subprocess.run([*tether, "demo"], capture_output=True, text=True)
+    if result.returncode != 2 or "without the `demo` feature" not in result.stderr:
+        fail(f"demo exited {result.returncode}, not 2 for a build without the test kit: {result.stderr}")
+    print("runs: no demo, so no test kit, in the shipped binary")
 
 
 def main():

@@ -14,8 +14,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use prometheus::Registry;
 use tether::config::ExecSpec;
-use tether::exec::ExecManager;
-use tether::manager::{Plan, WatchManager};
+use tether::config::Plan;
+use tether::managers::exec::ExecManager;
 use tether_probes::{ProbeConfig, ProbeSet};
 use tether_supervisor::{CycleToken, ManagerFactory, SupervisorConfig};
 use tokio_util::sync::CancellationToken;
@@ -70,17 +70,10 @@ fn main() {
 
         let registry = Registry::new();
         let probes = ProbeSet::new(ProbeConfig::default(), &registry).expect("probes");
-        let watch = WatchManager::new(
-            &registry,
-            probes.handle(),
-            Plan::default(),
-            Duration::from_secs(1),
-        )
-        .expect("manager");
         let manager = ExecManager::new(
             &registry,
             ExecSpec::of_command(command, &SupervisorConfig::default(), None),
-            watch.handle(),
+            Plan::default(),
             probes.handle(),
             // The daemon starts each child as itself (`/proc/self/exe`);
             // here, the tether binary plays that part.

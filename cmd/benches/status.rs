@@ -15,9 +15,10 @@ use std::time::{Duration, Instant};
 
 use prometheus::Registry;
 use tether::admin::{Admin, Heartbeats, Sources};
+use tether::config::Plan;
 use tether::config::WatchSpec;
-use tether::manager::{Plan, WatchManager};
-use tether::remote::{self, ResolvedRemote};
+use tether::config::remote::{self, ResolvedRemote};
+use tether::managers::watch::WatchManager;
 use tether_probes::{ProbeConfig, ProbeSet};
 use tether_supervisor::{Supervisor, SupervisorConfig};
 
@@ -61,6 +62,7 @@ fn main() {
                 namespace: None,
                 label_selector: None,
             }],
+            exec: None,
         };
         let manager = WatchManager::new(&registry, probes.handle(), plan, probe.detection_bound())
             .expect("manager");
@@ -72,8 +74,7 @@ fn main() {
             Sources {
                 supervisor: supervisor.handle(),
                 probes: probes.handle(),
-                manager: manager_handle,
-                process: None,
+                manager: Arc::new(tether::managers::Handle::Watch(manager_handle)),
                 election: None,
                 shard: None,
                 draining: Arc::new(AtomicBool::new(false)),

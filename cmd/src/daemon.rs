@@ -9,55 +9,20 @@ use std::time::Duration;
 
 use prometheus::{IntCounterVec, Opts, Registry};
 use tether_probes::{ProbeSet, ProbeSetHandle};
-use tether_supervisor::{
-    BoxError, Cause, CycleToken, ManagerError, ManagerFactory, ShutdownOutcome, Supervisor,
-    SupervisorHandle, UsedRemotes,
-};
+use tether_supervisor::{BoxError, Cause, ShutdownOutcome, Supervisor, SupervisorHandle};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::admin::{self, Admin, Heartbeats, Sources};
-use crate::config::{Config, ConfigError};
+use crate::config::remote::{self, ResolvedRemote};
+use crate::config::sources::{self, Role};
+use crate::config::{Config, ConfigError, Plan};
 use crate::events::{Events, Publisher, Reason};
-use crate::exec::{ExecManager, ProcessHandle};
 use crate::lease::election::{self, Election, ElectionHandle};
 use crate::lease::shard::{ShardHandle, Sharding};
-use crate::manager::{ManagerHandle, Plan, WatchManager};
-use crate::remote;
-use crate::sources::{self, Role};
-
-/// The manager the supervisor drives: the built-in watch manager, or a
-/// process.
-#[derive(Debug)]
-enum Manager {
-    Watch(WatchManager),
-    Exec(ExecManager),
-}
-
-impl ManagerFactory for Manager {
-    fn remotes(&self) -> UsedRemotes {
-        match self {
-            Self::Watch(manager) => manager.remotes(),
-            Self::Exec(manager) => manager.remotes(),
-        }
-    }
-
-    fn waits_for_lost_remotes(&self) -> bool {
-        match self {
-            Self::Watch(manager) => manager.waits_for_lost_remotes(),
-            Self::Exec(manager) => manager.waits_for_lost_remotes(),
-        }
-    }
-
-    async fn run(&self, cycle: CycleToken) -> Result<(), ManagerError> {
-        match self {
-            Self::Watch(manager) => manager.run(cycle).await,
-            Self::Exec(manager) => manager.run(cycle).await,
-        }
-    }
-}
+use crate::managers::{self, exec};
 
 /// Why the daemon could not start. Nothing is left running.
 #[derive(Debug, thiserror::Error)]
@@ -104,9 +69,6 @@ fn sweep_every(files: usize) -> Duration {
     pace.max(CONFIG_POLL)
 }
 
-/// How often a change of shard waits to see the old cycle's end.
-const APPLIED_POLL: Duration = Duration::from_millis(20);
-
 /// A running daemon.
 #[derive(Debug)]
 pub struct Daemon {
@@ -115,9 +77,7 @@ pub struct Daemon {
     /// The probes' state.
     pub probes: ProbeSetHandle,
     /// The manager.
-    pub manager: ManagerHandle,
-    /// The exec manager's process, when the manager is one.
-    pub process: Option<ProcessHandle>,
+    pub manager: managers::Handle,
     /// The leader election, when on.
     pub election: Option<ElectionHandle>,
     /// The admin server's address.
@@ -135,7 +95,7 @@ pub struct Daemon {
     elected: Option<(Arc<Election>, CancellationToken, JoinHandle<()>)>,
     /// Every configured remote, resolved; with sharding, the manager and
     /// the probes get the ones this replica holds.
-    resolved: Vec<remote::ResolvedRemote>,
+    resolved: Vec<ResolvedRemote>,
     /// The sharding, when on.
     sharded: Option<Sharded>,
     /// Probes asking to have their remotes' files re-read (a TLS failure or
@@ -262,43 +222,17 @@ impl Sharded {
     }
 }
 
-/// The manager `config` asks for, the built-in watch manager's handle (the
-/// admin server reads its caches, and the required remotes, either way) and
-/// the exec manager's process, if it is one.
-fn build_manager(
+/// The probes of `running`, their metrics in `registry`.
+fn new_probes(
     config: &Config,
-    remotes: Vec<remote::ResolvedRemote>,
     registry: &Registry,
-    probes: &ProbeSetHandle,
-) -> Result<(Manager, ManagerHandle, Option<ProcessHandle>), StartError> {
-    let watch = WatchManager::new(
-        registry,
-        probes.clone(),
-        Plan {
-            remotes,
-            watch: config.watch.clone(),
-        },
-        config.probe.detection_bound(),
-    )
-    .map_err(setup("manager metrics"))?;
-    let handle = watch.handle();
-    Ok(match &config.exec {
-        None => (Manager::Watch(watch), handle, None),
-        Some(spec) => {
-            // Each child starts as this very binary, which becomes the
-            // command once it has asked to die with tether.
-            let exec = ExecManager::new(
-                registry,
-                spec.clone(),
-                handle.clone(),
-                probes.clone(),
-                "/proc/self/exe".into(),
-            )
-            .map_err(setup("exec manager"))?;
-            let process = exec.handle();
-            (Manager::Exec(exec), handle, Some(process))
-        }
-    })
+    running: &[ResolvedRemote],
+) -> Result<ProbeSet, StartError> {
+    let probe_set = ProbeSet::new(config.probe.clone(), registry).map_err(setup("probes"))?;
+    probe_set
+        .sync(&remote::probed(running))
+        .map_err(setup("probes"))?;
+    Ok(probe_set)
 }
 
 /// The admin server's listener on `addr`, and the address it got.
@@ -313,11 +247,14 @@ async fn listen(addr: SocketAddr) -> Result<(admin::Listener, SocketAddr), Start
 /// sharding, only while this replica holds a remote; the sharding's gate,
 /// open at first if it `holds_any`.
 fn gated(
-    supervisor: Supervisor<Manager>,
+    supervisor: Supervisor<managers::Manager>,
     election: Option<&ElectionHandle>,
     sharded: bool,
     holds_any: bool,
-) -> (Supervisor<Manager>, tokio::sync::watch::Sender<bool>) {
+) -> (
+    Supervisor<managers::Manager>,
+    tokio::sync::watch::Sender<bool>,
+) {
     let (shard_gate, open) = tokio::sync::watch::channel(holds_any);
     let supervisor = match election {
         Some(election) => supervisor.build_while(election.gate()),
@@ -393,15 +330,13 @@ fn exec_command(config: &Config) -> Result<(), StartError> {
     let Some(exec) = &config.exec else {
         return Ok(());
     };
-    crate::exec::find_command(exec)
-        .map(drop)
-        .map_err(|message| {
-            StartError::Config(ConfigError::new(
-                &config.label(),
-                "manager.exec.command",
-                message,
-            ))
-        })
+    exec::find_command(exec).map(drop).map_err(|message| {
+        StartError::Config(ConfigError::new(
+            &config.label(),
+            "manager.exec.command",
+            message,
+        ))
+    })
 }
 
 /// Checks what `run` needs beyond the config file itself, without starting
@@ -478,10 +413,7 @@ async fn new_sharding(
 
 /// The remotes of `resolved` that `shard` lets this replica run: all of
 /// them without sharding.
-fn held(
-    resolved: &[remote::ResolvedRemote],
-    shard: Option<&ShardHandle>,
-) -> Vec<remote::ResolvedRemote> {
+fn held(resolved: &[ResolvedRemote], shard: Option<&ShardHandle>) -> Vec<ResolvedRemote> {
     match shard {
         None => resolved.to_vec(),
         Some(shard) => {
@@ -527,13 +459,15 @@ impl Daemon {
         }
         let running = held(&remotes, shard.as_ref());
         let holds_any = !running.is_empty();
-        let probe_set = ProbeSet::new(config.probe.clone(), &registry).map_err(setup("probes"))?;
-        probe_set
-            .sync(&remote::probed(&running))
-            .map_err(setup("probes"))?;
+        let probe_set = new_probes(&config, &registry, &running)?;
         let probes = probe_set.handle();
-        let (manager, manager_handle, process) =
-            build_manager(&config, running, &registry, &probes)?;
+        let (manager, manager_handle) = managers::build(
+            Plan::new(&config, running),
+            &registry,
+            &probes,
+            config.probe.detection_bound(),
+        )
+        .map_err(setup("manager"))?;
         let election = start_election(&config, &registry).await?;
         let election_handle = election.as_ref().map(|e| e.handle());
         let supervisor = Supervisor::new(manager, config.supervisor, &registry)
@@ -547,23 +481,20 @@ impl Daemon {
         );
         let supervisor_handle = supervisor.handle();
         let draining = Arc::new(AtomicBool::new(false));
-        let admin = Admin::new(
-            registry.clone(),
-            Sources {
-                supervisor: supervisor_handle.clone(),
-                probes: probes.clone(),
-                manager: manager_handle.clone(),
-                process: process.clone(),
-                election: election_handle.clone(),
-                shard: shard.clone(),
-                draining: Arc::clone(&draining),
-            },
-            Heartbeats {
-                probes: config.probe.interval,
-                supervisor: config.supervisor.heartbeat,
-            },
-        )
-        .map_err(setup("admin metrics"))?;
+        let sources = Sources {
+            supervisor: supervisor_handle.clone(),
+            probes: probes.clone(),
+            manager: Arc::new(manager_handle.clone()),
+            election: election_handle.clone(),
+            shard: shard.clone(),
+            draining: Arc::clone(&draining),
+        };
+        let heartbeats = Heartbeats {
+            probes: config.probe.interval,
+            supervisor: config.supervisor.heartbeat,
+        };
+        let admin =
+            Admin::new(registry.clone(), sources, heartbeats).map_err(setup("admin metrics"))?;
 
         let root = CancellationToken::new();
         let admin_stop = CancellationToken::new();
@@ -598,7 +529,6 @@ impl Daemon {
             supervisor: supervisor_handle,
             probes,
             manager: manager_handle,
-            process,
             election: election_handle,
             admin_address,
             admin,
@@ -668,7 +598,7 @@ impl Daemon {
                 info!(remote = %remote.name, "{} changed; client rebuilt", sources::shown(&changed));
             }
         }
-        self.sync_remotes(&remotes, &next.watch).map_err(|err| {
+        self.sync_remotes(&remotes, &next).map_err(|err| {
             ConfigError::new(
                 &next.label(),
                 "remotes",
@@ -682,9 +612,6 @@ impl Daemon {
             );
         }
         self.resolved = remotes;
-        if let (Some(process), Some(spec)) = (&self.process, &next.exec) {
-            process.update(spec.clone());
-        }
         let ended = self.supervisor.end_cycle(Cause::ConfigChanged);
         info!(
             remotes = next.remotes.len(),
@@ -700,8 +627,8 @@ impl Daemon {
     /// `remotes` this replica holds.
     fn sync_remotes(
         &self,
-        remotes: &[remote::ResolvedRemote],
-        watch: &[crate::config::WatchSpec],
+        remotes: &[ResolvedRemote],
+        config: &Config,
     ) -> tether_probes::Result<()> {
         let shard = self.sharded.as_ref().map(|s| &s.handle);
         if let Some(shard) = shard {
@@ -709,10 +636,7 @@ impl Daemon {
         }
         let running = held(remotes, shard);
         self.probe_set.sync(&remote::probed(&running))?;
-        self.manager.update(Plan {
-            remotes: running,
-            watch: watch.to_vec(),
-        });
+        self.manager.update(Plan::new(config, running));
         Ok(())
     }
 
@@ -748,7 +672,7 @@ impl Daemon {
         if rebuilt == 0 {
             return;
         }
-        if let Err(err) = self.sync_remotes(&self.resolved, &self.config.watch) {
+        if let Err(err) = self.sync_remotes(&self.resolved, &self.config) {
             // The same names and URLs as before: this cannot fail, but if it
             // did, the probes keep what they had.
             error!(error = %err, "applying the rebuilt clients failed");
@@ -827,10 +751,7 @@ impl Daemon {
             error!(error = %err, "applying this replica's share failed");
             return;
         }
-        self.manager.update(Plan {
-            remotes: running,
-            watch: self.config.watch.clone(),
-        });
+        self.manager.update(Plan::new(&self.config, running));
         let cycle = self.supervisor.status().cycle;
         let ended = self.supervisor.end_cycle(Cause::ShardChanged {
             taken: now.difference(&before).count(),
@@ -862,13 +783,8 @@ impl Daemon {
             // The cycle that ran the old set ends when its manager returns
             // (within the shutdown grace); then nothing runs the remotes
             // given up.
-            while ended
-                && supervisor
-                    .status()
-                    .last_ended()
-                    .is_none_or(|c| c.number < cycle)
-            {
-                tokio::time::sleep(APPLIED_POLL).await;
+            if ended {
+                supervisor.ended(cycle).await;
             }
             shard.applied(now);
         });
@@ -970,15 +886,14 @@ impl Daemon {
                 }
             }
         }
-        let process = self.process.clone();
+        let manager = self.manager.clone();
         tokio::spawn(async move {
             tokio::select! {
                 _ = term.recv() => {}
                 _ = int.recv() => {}
             }
-            if let Some(process) = process {
+            if manager.kill_now() {
                 error!("second signal: SIGKILL to the manager process, and exiting at once");
-                process.kill_now();
             } else {
                 error!("second signal: exiting at once");
             }

@@ -1,20 +1,37 @@
-//! The tether daemon as a library: configuration and the wiring of remotes
-//! to kube clients. The `tether` binary is a thin layer over it.
+//! The tether daemon as a library; the `tether` binary is `cli::main`.
+//!
+//! Where each concern lives, around one value, the [`config::Plan`]:
+//!
+//! - `config/`: the file's raw shape, its checks and defaults, each
+//!   remote's settings resolved (and their files watched), and the plan
+//!   made from them;
+//! - `managers/`: the built-in watch manager and the exec manager, each
+//!   consuming the plan, behind one seam the supervisor drives;
+//! - `lease/`: leader election and sharding, on one shared claim type;
+//! - `admin/`: the admin server, with readiness decided once and one status
+//!   view rendered as JSON and HTML; it reads the manager only through
+//!   [`admin::ManagerStatus`];
+//! - `cli/`: the subcommands (`run`, `validate`, `check`, `demo`,
+//!   `install`);
+//! - `daemon.rs`: the wiring of config, probes, supervisor, manager, lease
+//!   and admin, and the reloads;
+//! - `events.rs`: Kubernetes Events on tether's own Pod;
+//! - `human.rs`, `stdout.rs`, `limits.rs`: words and numbers for people,
+//!   stdout that never panics, and the descriptor limit.
+//!
+//! Data flows one way: config → plan → supervisor → (probes, manager) →
+//! metrics and health.
 #![deny(missing_docs)]
 
 pub mod admin;
+pub mod cli;
 pub mod config;
 pub mod daemon;
-pub mod demo;
 pub mod events;
-pub mod exec;
 pub mod human;
 pub mod lease;
 pub mod limits;
-pub mod manager;
-pub mod reaper;
-pub mod remote;
-pub mod sources;
+pub mod managers;
 pub mod stdout;
 
 /// Locks `mutex`. Every critical section in tether only assigns whole

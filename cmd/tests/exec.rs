@@ -9,7 +9,7 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
-use common::{DEADLINE, Shape, Tether, children, exec_kubeconfig, free_port, remote};
+use common::{DEADLINE, Shape, Tether, children, exec_kubeconfig, free_port, remote, running};
 use serde_json::Value;
 use tether_testkit::{ApiServer, Fault};
 
@@ -95,17 +95,6 @@ async fn until_event(
 
 fn says(event: &Value, message: &str) -> bool {
     event["fields"]["message"] == message
-}
-
-/// Whether `pid` still runs: gone, or a zombie, is not running.
-fn running(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| {
-            let (_, fields) = stat.rsplit_once(')')?;
-            fields.split_whitespace().next().map(|s| s != "Z")
-        })
-        .unwrap_or(false)
 }
 
 /// Waits until `pid` is no longer running, for at most [`DEADLINE`].

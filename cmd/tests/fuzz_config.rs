@@ -262,7 +262,7 @@ fn random_kubeconfigs_never_panic_and_every_rejection_names_the_remote() {
         std::fs::write(&kubeconfig_path, &text).expect("write");
         executions += 1;
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            runtime.block_on(tether::remote::resolve(&config))
+            runtime.block_on(tether::config::remote::resolve(&config))
         }));
         match outcome {
             Ok(Ok(_)) => accepted += 1,

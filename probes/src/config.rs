@@ -129,7 +129,9 @@ impl ProbeConfig {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidConfig`] naming the first field out of range.
+    /// [`Error::InvalidConfig`] naming the first field out of range, by its
+    /// name in this struct's serialized form (`timeout`,
+    /// `failureThreshold`); the caller places it in its own config.
     pub fn validate(&self) -> Result<()> {
         let invalid = |field, reason: &str| {
             Err(Error::InvalidConfig {
@@ -138,40 +140,40 @@ impl ProbeConfig {
             })
         };
         if !self.path.starts_with('/') {
-            return invalid("probe.path", "must start with /");
+            return invalid("path", "must start with /");
         }
         if self.path.parse::<http::uri::PathAndQuery>().is_err() {
             return Err(Error::InvalidConfig {
-                field: "probe.path",
+                field: "path",
                 reason: format!("{:?} is not a URL path", self.path),
             });
         }
         if self.interval.is_zero() {
-            return invalid("probe.interval", "must be greater than zero");
+            return invalid("interval", "must be greater than zero");
         }
         if self.timeout.is_zero() {
-            return invalid("probe.timeout", "must be greater than zero");
+            return invalid("timeout", "must be greater than zero");
         }
         if self.timeout > self.interval / 2 {
             return Err(Error::InvalidConfig {
-                field: "probe.timeout",
+                field: "timeout",
                 reason: format!(
-                    "{:?} must be at most half of probe.interval ({:?}), so a probe reports before the next is due",
+                    "{:?} must be at most half of the interval ({:?}), so a probe reports before the next is due",
                     self.timeout, self.interval
                 ),
             });
         }
         if self.max_connection_age.is_zero() {
-            return invalid("probe.maxConnectionAge", "must be greater than zero");
+            return invalid("maxConnectionAge", "must be greater than zero");
         }
         if self.failure_threshold < 1 {
-            return invalid("probe.failureThreshold", "must be at least 1");
+            return invalid("failureThreshold", "must be at least 1");
         }
         if self.success_threshold < 1 {
-            return invalid("probe.successThreshold", "must be at least 1");
+            return invalid("successThreshold", "must be at least 1");
         }
         if !(0.0..1.0).contains(&self.jitter) {
-            return invalid("probe.jitter", "must be in [0, 1)");
+            return invalid("jitter", "must be in [0, 1)");
         }
         if let Some(bad) = self
             .unreachable_statuses
@@ -179,7 +181,7 @@ impl ProbeConfig {
             .find(|s| !(100..600).contains(*s))
         {
             return Err(Error::InvalidConfig {
-                field: "probe.unreachableStatuses",
+                field: "unreachableStatuses",
                 reason: format!("{bad} is not an HTTP status code"),
             });
         }
@@ -197,7 +199,7 @@ mod tests {
         let err = config.validate().expect_err("6s > 10s / 2");
         assert_eq!(
             err.to_string(),
-            "probe.timeout: 6s must be at most half of probe.interval (10s), so a probe reports before the next is due"
+            "timeout: 6s must be at most half of the interval (10s), so a probe reports before the next is due"
         );
         assert!(ProbeConfig::default().validate().is_ok());
     }
@@ -223,25 +225,25 @@ mod tests {
         for (config, field) in [
             (
                 ProbeConfig::default().with_failure_threshold(0),
-                "probe.failureThreshold",
+                "failureThreshold",
             ),
             (
                 ProbeConfig::default().with_success_threshold(0),
-                "probe.successThreshold",
+                "successThreshold",
             ),
-            (ProbeConfig::default().with_jitter(1.0), "probe.jitter"),
+            (ProbeConfig::default().with_jitter(1.0), "jitter"),
             (
                 ProbeConfig::default().with_unreachable_statuses([99]),
-                "probe.unreachableStatuses",
+                "unreachableStatuses",
             ),
-            (ProbeConfig::default().with_path("readyz"), "probe.path"),
+            (ProbeConfig::default().with_path("readyz"), "path"),
             (
                 ProbeConfig::default().with_path("/readyz\r\nX-Injected: 1"),
-                "probe.path",
+                "path",
             ),
             (
                 ProbeConfig::default().with_max_connection_age(Duration::ZERO),
-                "probe.maxConnectionAge",
+                "maxConnectionAge",
             ),
         ] {
             let err = config.validate().expect_err(field);

@@ -75,7 +75,7 @@ pub enum Error {
     /// A setting is out of range.
     #[error("{field}: {reason}")]
     InvalidConfig {
-        /// The setting's path, such as `probe.timeout`.
+        /// The setting, as `ProbeConfig` names it: `timeout`, `jitter`.
         field: &'static str,
         /// Why the value was rejected.
         reason: String,

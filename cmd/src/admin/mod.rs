@@ -10,9 +10,11 @@
 //! endpoints slow.
 
 mod page;
+mod readiness;
 mod server;
 mod view;
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,28 +30,36 @@ use tether_probes::ProbeSetHandle;
 use tether_supervisor::SupervisorHandle;
 
 pub use self::page::{ATTENTION_SHOWN, HEALTHY_SHOWN, Query, REFRESH, escape};
+pub use self::readiness::Readiness;
 pub use self::server::{HEAD_TIMEOUT, Listener, MAX_CONNECTIONS, bind, serve};
 pub use self::view::{
-    Attention, CacheView, Counts, CycleView, ElectionView, ProcessView, RemoteView, ShardView,
-    StatusView, SupervisorView, Verdict, VerdictState,
+    Attention, CacheView, Counts, CycleView, ElectionView, ProcessView, RemoteView, Role,
+    ShardView, StatusView, SupervisorView, Verdict, VerdictState,
 };
 
-use crate::exec::ProcessHandle;
 use crate::lease::election::ElectionHandle;
 use crate::lease::shard::ShardHandle;
-use crate::manager::ManagerHandle;
+
+/// What the admin server shows of the manager, whichever it is: the
+/// daemon hands it the manager's handle behind this.
+pub trait ManagerStatus: std::fmt::Debug + Send + Sync {
+    /// The names of the required remotes.
+    fn required(&self) -> BTreeSet<String>;
+    /// The caches by `(remote, resource)`; none for a manager without.
+    fn caches(&self) -> BTreeMap<(String, String), CacheView>;
+    /// The process, when the manager is one.
+    fn process(&self) -> Option<ProcessView>;
+}
 
 /// The state the admin server reads: it never reaches into a manager.
 #[derive(Debug, Clone)]
 pub struct Sources {
-    /// The supervisor's state, readiness (`manager_up`) included.
+    /// The supervisor's state, `manager_up` included.
     pub supervisor: SupervisorHandle,
     /// The probes' state.
     pub probes: ProbeSetHandle,
-    /// The manager's caches, for the status page.
-    pub manager: ManagerHandle,
-    /// The exec manager's process, when the manager is one.
-    pub process: Option<ProcessHandle>,
+    /// The manager, as the status page shows it.
+    pub manager: Arc<dyn ManagerStatus>,
     /// The leader election, when on.
     pub election: Option<ElectionHandle>,
     /// The sharding of remotes among replicas, when on.
@@ -135,66 +145,21 @@ impl Admin {
         }
     }
 
-    /// Readiness: not draining, and the manager up, which the manager
-    /// decides (every required remote's caches synced and current). Also
-    /// sets `tether_ready`.
+    /// Readiness, as [`Readiness`] decides it: `/readyz`'s status and
+    /// body. Also sets `tether_ready`.
     #[must_use]
     pub fn readyz(&self) -> (u16, String) {
-        let draining = self.sources.draining.load(Ordering::SeqCst);
+        let election = self.sources.election.as_ref().map(view::election_view);
+        let shard = self.sources.shard.as_ref().map(view::shard_view);
         let status = self.sources.supervisor.status();
-        // A follower is healthy and ready to take over: ready, standing by.
-        let standby = self
-            .sources
-            .election
-            .as_ref()
-            .map(ElectionHandle::state)
-            .filter(|e| !e.leading);
-        if let Some(election) = standby.filter(|_| !draining) {
-            self.ready.set(1);
-            let holder = if election.holder.is_empty() {
-                "none yet".to_owned()
-            } else {
-                election.holder
-            };
-            return (
-                200,
-                format!("[+]not draining\n[+]standby (leader: {holder})\nreadyz check passed\n"),
-            );
-        }
-        // A shard member with no remote runs no manager: it stands by,
-        // healthy and ready to take a share.
-        let idle = self
-            .sources
-            .shard
-            .as_ref()
-            .map(|shard| (shard.state(), shard.configured()))
-            .filter(|(state, _)| state.owned.is_empty());
-        if let Some((_, configured)) = idle.filter(|_| !draining) {
-            self.ready.set(1);
-            return (
-                200,
-                format!(
-                    "[+]not draining\n[+]standby (holds none of the {configured} remotes)\nreadyz check passed\n"
-                ),
-            );
-        }
-        let ready = !draining && status.manager_up;
-        let mark = |ok: bool| if ok { '+' } else { '-' };
-        let verdict = if ready {
-            "readyz check passed"
-        } else {
-            "readyz check failed"
-        };
-        self.ready.set(i64::from(ready));
-        (
-            if ready { 200 } else { 503 },
-            format!(
-                "[{}]not draining\n[{}]manager up (cycle {}, every required cache synced and current)\n{verdict}\n",
-                mark(!draining),
-                mark(status.manager_up),
-                status.cycle,
-            ),
-        )
+        let readiness = Readiness::of(
+            self.sources.draining.load(Ordering::SeqCst),
+            election.as_ref(),
+            shard.as_ref(),
+            status.manager_up,
+        );
+        self.ready.set(i64::from(readiness.is_ready()));
+        readiness.readyz(election.as_ref(), shard.as_ref(), status.cycle)
     }
 
     /// The state of the process, as `/status.json` and `/status` show it:

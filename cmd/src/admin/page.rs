@@ -19,6 +19,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use tether_probes::{BUCKET_WIDTH, Bucket, HISTORY_BUCKETS, HISTORY_WINDOW, Recent};
+use tether_supervisor::CauseKind;
 
 use super::view::{
     Attention, CycleView, ElectionView, ProcessView, RemoteView, ShardView, StatusView,
@@ -535,9 +536,20 @@ fn cycle_class(c: &CycleView, up: bool) -> &'static str {
     match c.cause {
         None if up => "run",
         None => "wait",
-        Some("remote_lost" | "transitions_missed") => "lost",
-        Some("manager_failed" | "manager_panicked" | "build_failed" | "manager_exited") => "fail",
-        Some(_) => "info",
+        Some(CauseKind::RemoteLost | CauseKind::TransitionsMissed) => "lost",
+        Some(
+            CauseKind::ManagerFailed
+            | CauseKind::ManagerPanicked
+            | CauseKind::BuildFailed
+            | CauseKind::ManagerExited,
+        ) => "fail",
+        Some(
+            CauseKind::RemoteRecovered
+            | CauseKind::ConfigChanged
+            | CauseKind::LeadershipLost
+            | CauseKind::ShardChanged
+            | CauseKind::Shutdown,
+        ) => "info",
     }
 }
 
@@ -708,7 +720,7 @@ fn process_facts(fact: &mut impl FnMut(&str, String), p: &ProcessView) {
 
 /// The leader election, as facts.
 fn election_facts(fact: &mut impl FnMut(&str, String), e: &ElectionView) {
-    fact("role", e.role.to_owned());
+    fact("role", e.role.as_str().to_owned());
     fact("this replica", escape(&e.identity));
     fact(
         "leader",

@@ -12,10 +12,12 @@ use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 use tether_probes::{FailureCause, Reachability};
-use tether_supervisor::{Phase, Status};
+use tether_supervisor::{CauseKind, Phase, Status};
 
-use super::Sources;
+use super::{Readiness, Sources};
 use crate::human;
+use crate::lease::election::ElectionHandle;
+use crate::lease::shard::ShardHandle;
 
 /// The process as `/status.json` and `/status` show it.
 #[derive(Debug, Serialize)]
@@ -193,8 +195,8 @@ impl Attention {
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ElectionView {
-    /// `leader` or `standby`.
-    pub role: &'static str,
+    /// Whether this replica leads.
+    pub role: Role,
     /// This replica's identity.
     pub identity: String,
     /// The holder last seen on the Lease; empty when free.
@@ -209,6 +211,27 @@ pub struct ElectionView {
     pub leads_in_seconds: Option<f64>,
     /// Why the last try failed, if it did.
     pub last_error: Option<String>,
+}
+
+/// A replica's part in the election.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// It holds the Lease and runs the manager.
+    Leader,
+    /// Another replica leads, or none does yet.
+    Standby,
+}
+
+impl Role {
+    /// `leader` or `standby`.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Leader => "leader",
+            Self::Standby => "standby",
+        }
+    }
 }
 
 /// The exec manager's process, as the status page shows it.
@@ -272,7 +295,8 @@ pub struct CycleView {
     /// How long ago it ended; `None` while it runs.
     pub ended_seconds_ago: Option<f64>,
     /// The `cause` label of its end.
-    pub cause: Option<&'static str>,
+    #[serde(serialize_with = "cause_label")]
+    pub cause: Option<CauseKind>,
     /// Its end in words: `cluster-b unreachable`.
     pub ended_by: Option<String>,
     /// The wait after it, before the next cycle.
@@ -325,7 +349,7 @@ pub struct RemoteView {
 }
 
 /// One cache of the manager, as the status page shows it.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CacheView {
     /// `configmaps`, `deployments.apps`, ...
@@ -442,52 +466,9 @@ pub(super) fn build(sources: &Sources) -> StatusView {
             view
         })
         .collect();
-    let election = sources.election.as_ref().map(|election| {
-        let state = election.state();
-        ElectionView {
-            role: if state.leading { "leader" } else { "standby" },
-            identity: state.identity,
-            holder: state.holder,
-            lease: state.lease,
-            twin: state.twin,
-            leads_in_seconds: state.leads_in.map(|d| d.as_secs_f64()),
-            last_error: state.last_error,
-        }
-    });
-    let process = sources.process.as_ref().map(|process| {
-        let state = process.state();
-        let spec = process.spec();
-        let last = state.last_exit.as_ref();
-        ProcessView {
-            command: spec.command.clone(),
-            pid: state.pid,
-            cycle: state.cycle,
-            running_seconds: ago(state.started),
-            readiness_check: spec
-                .readiness
-                .as_ref()
-                .map(|r| format!("GET http://127.0.0.1:{}{}", r.port, r.path)),
-            last_exit: last.map(|e| e.how.to_string()),
-            last_exit_stopped: last.map(|e| e.stopped),
-            last_exit_cycle: last.map(|e| e.cycle),
-            last_exit_seconds_ago: ago(last.map(|e| e.at)),
-            spawn_error: state.spawn_error,
-        }
-    });
-    let shard = sources.shard.as_ref().map(|shard| {
-        let state = shard.state();
-        ShardView {
-            identity: state.identity,
-            group: state.group,
-            members: state.members,
-            owned: state.owned.into_iter().collect(),
-            waiting: state.waiting.into_iter().collect(),
-            configured: shard.configured(),
-            joining_seconds: state.joining.map(|d| d.as_secs_f64()),
-            twin: state.twin,
-            last_error: state.last_error,
-        }
-    });
+    let election = sources.election.as_ref().map(election_view);
+    let process = sources.manager.process();
+    let shard = sources.shard.as_ref().map(shard_view);
     let draining = sources.draining.load(Ordering::SeqCst);
     let supervisor = supervisor_view(&status);
     let mut view = StatusView {
@@ -509,28 +490,71 @@ pub(super) fn build(sources: &Sources) -> StatusView {
         election,
         shard,
     };
-    view.verdict = verdict(&view, &status);
+    let readiness = Readiness::of(
+        view.draining,
+        view.election.as_ref(),
+        view.shard.as_ref(),
+        status.manager_up,
+    );
+    view.verdict = verdict(&view, &status, readiness);
     view
+}
+
+/// The election as the view shows it.
+pub(super) fn election_view(election: &ElectionHandle) -> ElectionView {
+    let state = election.state();
+    ElectionView {
+        role: if state.leading {
+            Role::Leader
+        } else {
+            Role::Standby
+        },
+        identity: state.identity,
+        holder: state.holder,
+        lease: state.lease,
+        twin: state.twin,
+        leads_in_seconds: state.leads_in.map(|d| d.as_secs_f64()),
+        last_error: state.last_error,
+    }
+}
+
+/// This replica's share as the view shows it.
+pub(super) fn shard_view(shard: &ShardHandle) -> ShardView {
+    let state = shard.state();
+    ShardView {
+        identity: state.identity,
+        group: state.group,
+        members: state.members,
+        owned: state.owned.into_iter().collect(),
+        waiting: state.waiting.into_iter().collect(),
+        configured: shard.configured(),
+        joining_seconds: state.joining.map(|d| d.as_secs_f64()),
+        twin: state.twin,
+        last_error: state.last_error,
+    }
+}
+
+// serde's `serialize_with` hands a reference.
+#[allow(clippy::ref_option, clippy::trivially_copy_pass_by_ref)]
+fn cause_label<S: serde::Serializer>(
+    cause: &Option<CauseKind>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    cause.map(CauseKind::as_str).serialize(serializer)
 }
 
 /// One remote's row, its caches (keyed by (remote, resource): one range
 /// each) and its attention included.
 fn remote_view(
     remote: tether_probes::RemoteStatus,
-    caches: &crate::manager::Caches,
+    caches: &BTreeMap<(String, String), CacheView>,
     required: &std::collections::BTreeSet<String>,
     status: &Status,
 ) -> RemoteView {
     let caches = caches
         .range((remote.name.clone(), String::new())..)
         .take_while(|((name, _), _)| *name == remote.name)
-        .map(|((_, resource), cache)| CacheView {
-            resource: resource.clone(),
-            synced: cache.synced,
-            stale: cache.stale,
-            failing_seconds_ago: ago(cache.failing_since),
-            objects: cache.objects,
-        })
+        .map(|(_, cache)| cache.clone())
         .collect::<Vec<_>>();
     let stopped_in_cycle = status.stopped_remotes.binary_search(&remote.name).is_ok();
     RemoteView {
@@ -576,7 +600,7 @@ fn supervisor_view(status: &Status) -> SupervisorView {
         number: c.number,
         started_seconds_ago: seconds_ago(c.started),
         ended_seconds_ago: Some(seconds_ago(c.ended)),
-        cause: Some(c.cause.kind().as_str()),
+        cause: Some(c.cause.kind()),
         ended_by: Some(c.cause.in_words()),
         backoff_seconds: c.backoff.map(|b| b.as_secs_f64()),
     });
@@ -598,7 +622,7 @@ fn supervisor_view(status: &Status) -> SupervisorView {
 }
 
 /// The verdict: what `/readyz` answers, and why, in one line.
-fn verdict(view: &StatusView, status: &Status) -> Verdict {
+fn verdict(view: &StatusView, status: &Status, readiness: Readiness) -> Verdict {
     let (remotes, counts) = (&view.remotes, &view.counts);
     let unreachable = |required: bool| -> Vec<String> {
         remotes
@@ -621,8 +645,8 @@ fn verdict(view: &StatusView, status: &Status) -> Verdict {
         ),
         None => reachable,
     };
-    let (state, text) = if view.draining {
-        (
+    let (state, text) = match readiness {
+        Readiness::Draining { .. } => (
             VerdictState::Draining,
             format!(
                 "/readyz answers 503 so traffic moves away; the manager {}",
@@ -632,26 +656,30 @@ fn verdict(view: &StatusView, status: &Status) -> Verdict {
                     "is stopping"
                 }
             ),
-        )
-    } else if let Some(e) = view.election.as_ref().filter(|e| e.role == "standby") {
-        (VerdictState::Standby, standby(e))
-    } else if let Some(s) = view.shard.as_ref().filter(|s| s.owned.is_empty()) {
-        (VerdictState::Standby, shard_standby(s))
-    } else if status.manager_up {
-        let up_for = status.up_since.map_or_else(String::new, |t| {
-            format!(" for {}", human::span(t.elapsed()))
-        });
-        let mut text = format!("{reachable}; manager up{up_for}");
-        let optional = unreachable(false);
-        if !optional.is_empty() {
-            let _ = write!(text, "; optional: {}", listed(&optional));
+        ),
+        Readiness::Follower => (
+            VerdictState::Standby,
+            view.election.as_ref().map_or_else(String::new, standby),
+        ),
+        Readiness::Unassigned => (
+            VerdictState::Standby,
+            view.shard.as_ref().map_or_else(String::new, shard_standby),
+        ),
+        Readiness::Up => {
+            let up_for = status.up_since.map_or_else(String::new, |t| {
+                format!(" for {}", human::span(t.elapsed()))
+            });
+            let mut text = format!("{reachable}; manager up{up_for}");
+            let optional = unreachable(false);
+            if !optional.is_empty() {
+                let _ = write!(text, "; optional: {}", listed(&optional));
+            }
+            (VerdictState::Ready, text)
         }
-        (VerdictState::Ready, text)
-    } else {
-        (
+        Readiness::Down => (
             VerdictState::NotReady,
             not_ready(status, remotes, view.process.as_ref(), &unreachable(true)),
-        )
+        ),
     };
     // "Standby (leader: pod-x)" reads as one phrase; the rest say why.
     let joint = if state == VerdictState::Standby {

@@ -26,7 +26,7 @@ const OUTAGE_FOR: Duration = Duration::from_secs(15);
 
 /// What went wrong setting the demo up.
 #[derive(Debug, thiserror::Error)]
-pub enum DemoError {
+pub(super) enum DemoError {
     /// A simulated remote could not start.
     #[error("starting a simulated remote failed")]
     Remote(#[from] tether_testkit::Error),
@@ -125,7 +125,7 @@ impl Narrator {
 ///
 /// Never: the faulted remote is one of the three it starts, and switching
 /// to `hang` or `up` needs no new listener address.
-pub async fn run(admin: SocketAddr, duration: Option<Duration>) -> Result<u8, DemoError> {
+pub(super) async fn run(admin: SocketAddr, duration: Option<Duration>) -> Result<u8, DemoError> {
     let narrator = Narrator {
         started: Instant::now(),
         seen: std::sync::Mutex::default(),

@@ -11,8 +11,8 @@ use kube::config::{
 use tether_probes::{Remote, without_userinfo};
 use tracing::warn;
 
-use crate::config::{Config, ConfigError, RemoteSource, RemoteSpec};
-use crate::sources::{Role, SourceFile};
+use super::sources::{Role, SourceFile};
+use super::{Config, ConfigError, RemoteSource, RemoteSpec};
 
 /// A configured remote with its kube configuration.
 #[derive(Clone)]

@@ -43,11 +43,10 @@ use tokio::process::{Child, Command};
 use tokio::time::{Instant, sleep, timeout};
 use tracing::{info, warn};
 
-use crate::config::{ExecSpec, ReadinessSpec, RemoteSource};
+use super::reaper;
+use crate::config::remote::{self, ResolvedRemote};
+use crate::config::{ExecSpec, Plan, ReadinessSpec, RemoteSource, StopSignal};
 use crate::lock;
-use crate::manager::ManagerHandle;
-use crate::reaper;
-use crate::remote::ResolvedRemote;
 
 /// How often a stopping group is checked for members left.
 const GROUP_POLL: Duration = Duration::from_millis(20);
@@ -81,9 +80,10 @@ impl fmt::Display for ExitHow {
         match self {
             Self::Code(code) => write!(f, "exit code {code}"),
             Self::Signal(signal) => {
-                let named = crate::config::STOP_SIGNALS
+                let named = StopSignal::ALL
                     .iter()
-                    .chain(&[
+                    .map(|s| (s.name(), s.signal()))
+                    .chain([
                         ("SIGKILL", Signal::KILL),
                         ("SIGSEGV", Signal::SEGV),
                         ("SIGABRT", Signal::ABORT),
@@ -352,7 +352,7 @@ fn write_remotes(dir: &Path, cycle: u64, remotes: &[ResolvedRemote]) -> std::io:
             } => {
                 let ca = ca_file.as_deref().map(absolute).transpose()?;
                 let token = token_file.as_deref().map(absolute).transpose()?;
-                let kubeconfig = crate::remote::direct_kubeconfig(
+                let kubeconfig = remote::direct_kubeconfig(
                     &remote.name,
                     &tether_probes::without_userinfo(
                         &server.parse().map_err(std::io::Error::other)?,
@@ -395,7 +395,9 @@ fn replace_file(path: &Path, body: &[u8]) -> std::io::Result<()> {
 #[derive(Debug)]
 struct Shared {
     spec: Mutex<Arc<ExecSpec>>,
-    manager: ManagerHandle,
+    /// The remotes of the next cycle: the required ones, and what the
+    /// process is told.
+    plan: Mutex<Arc<Plan>>,
     probes: ProbeSetHandle,
     state: Mutex<ProcessState>,
     /// Registered at the first run's end: before it, there is no exit to
@@ -454,9 +456,9 @@ pub struct ProcessHandle {
 }
 
 impl ExecManager {
-    /// A manager that runs `spec`, its metrics in `registry`. `manager`'s
-    /// plan names the remotes (the required ones, and what the process is
-    /// told), and `probes` says whether they are reachable. Each process
+    /// A manager that runs `spec`, its metrics in `registry`. `plan` names
+    /// the remotes (the required ones, and what the process is told), and
+    /// `probes` says whether they are reachable. Each process
     /// starts as `launcher` (the tether binary: `/proc/self/exe` in the
     /// daemon) in its [`CHILD_SHIM`] role, which becomes the command.
     ///
@@ -468,7 +470,7 @@ impl ExecManager {
     pub fn new(
         registry: &Registry,
         spec: ExecSpec,
-        manager: ManagerHandle,
+        plan: Plan,
         probes: ProbeSetHandle,
         launcher: PathBuf,
     ) -> Result<Self, SetupError> {
@@ -480,7 +482,7 @@ impl ExecManager {
         Ok(Self {
             shared: Arc::new(Shared {
                 spec: Mutex::new(Arc::new(spec)),
-                manager,
+                plan: Mutex::new(Arc::new(plan)),
                 probes,
                 state: Mutex::default(),
                 exit: std::sync::OnceLock::new(),
@@ -503,9 +505,19 @@ impl ExecManager {
 }
 
 impl ProcessHandle {
-    /// Replaces the spec; the next cycle runs it.
-    pub fn update(&self, spec: ExecSpec) {
-        *lock(&self.shared.spec) = Arc::new(spec);
+    /// Replaces the plan, and the spec if it has one; the next cycle runs
+    /// them.
+    pub fn update(&self, plan: Plan) {
+        if let Some(spec) = &plan.exec {
+            *lock(&self.shared.spec) = Arc::new(spec.clone());
+        }
+        *lock(&self.shared.plan) = Arc::new(plan);
+    }
+
+    /// The plan the next cycle runs.
+    #[must_use]
+    pub fn plan(&self) -> Arc<Plan> {
+        Arc::clone(&lock(&self.shared.plan))
     }
 
     /// The spec the next cycle runs.
@@ -638,7 +650,7 @@ async fn check(spec: &ReadinessSpec) -> bool {
 
 impl Shared {
     fn required_reachable(&self) -> bool {
-        self.manager
+        lock(&self.plan)
             .required()
             .iter()
             .all(|name| self.probes.state_of(name) == Some(Reachability::Reachable))
@@ -738,7 +750,7 @@ impl ManagerFactory for ExecManager {
     async fn run(&self, cycle: CycleToken) -> Result<(), ManagerError> {
         let shared = &self.shared;
         let spec = Arc::clone(&lock(&shared.spec));
-        let plan = shared.manager.plan();
+        let plan = Arc::clone(&lock(&shared.plan));
         let (program, args) = spec
             .command
             .split_first()
@@ -798,11 +810,11 @@ impl ManagerFactory for ExecManager {
         let (how, stopped) = tokio::select! {
             status = child.wait() => {
                 let how = status.map_or(ExitHow::Code(-1), ExitHow::of);
-                group.stop_leftovers(spec.signal(), spec.grace_period).await;
+                group.stop_leftovers(spec.stop_signal.signal(), spec.grace_period).await;
                 (how, false)
             }
             () = cycle.cancelled() => {
-                (stop(&mut child, &group, spec.signal(), spec.grace_period).await, true)
+                (stop(&mut child, &group, spec.stop_signal.signal(), spec.grace_period).await, true)
             }
             () = readiness => unreachable!("readiness is followed until the process ends"),
         };

@@ -124,9 +124,8 @@ async fn reap_forever() {
     let me = rustix::process::getpid().as_raw_nonzero().get();
     // From /proc, as the children's are: as PID 1 of a PID namespace,
     // tether's group may lie outside it and read as 0.
-    let group = std::fs::read_to_string("/proc/self/stat")
-        .ok()
-        .and_then(|stat| Stat::parse(&stat))
+    let group = procfs::process::Process::myself()
+        .and_then(|me| me.stat())
         .map_or(0, |stat| stat.pgrp);
     loop {
         ticks.tick().await;
@@ -154,7 +153,7 @@ async fn reap_forever() {
     }
 }
 
-/// A process, as `/proc/<pid>/stat` describes it.
+/// What the reaper needs of a process's `/proc/<pid>/stat`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Stat {
     /// The state letter: `R`, `S`, `Z`, ...
@@ -166,33 +165,26 @@ pub(crate) struct Stat {
 }
 
 impl Stat {
-    /// Parses a `/proc/<pid>/stat` line. The command name may hold spaces
-    /// and parentheses: the fields start after its last `)`.
-    fn parse(stat: &str) -> Option<Self> {
-        let (_, fields) = stat.rsplit_once(')')?;
-        let mut fields = fields.split_whitespace();
-        let state = fields.next()?.chars().next()?;
-        let ppid = fields.next()?.parse().ok()?;
-        let pgrp = fields.next()?.parse().ok()?;
-        Some(Self { state, ppid, pgrp })
-    }
-
     /// Whether it is a zombie: dead, waiting to be reaped.
     pub(crate) fn is_zombie(self) -> bool {
         self.state == 'Z'
     }
 }
 
-/// Every process this one can see, with its stat.
+/// Every process this one can see, with its stat; one that ends while it
+/// is read is left out.
 pub(crate) fn processes() -> impl Iterator<Item = (i32, Stat)> {
-    std::fs::read_dir("/proc")
+    procfs::process::all_processes()
         .into_iter()
         .flatten()
-        .filter_map(Result::ok)
-        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
-        .filter_map(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            Stat::parse(&stat).map(|stat| (pid, stat))
+        .filter_map(|process| {
+            let stat = process.ok()?.stat().ok()?;
+            let seen = Stat {
+                state: stat.state,
+                ppid: stat.ppid,
+                pgrp: stat.pgrp,
+            };
+            Some((stat.pid, seen))
         })
 }
 
@@ -235,16 +227,6 @@ mod tests {
             vec![10, 60],
             "a zombie of tether's group, long left, is reaped"
         );
-    }
-
-    #[test]
-    fn a_stat_line_parses_whatever_the_command_name() {
-        let zombie = Stat::parse("42 (sleep) Z 1 40 40 0 -1").expect("parses");
-        assert_eq!((zombie.ppid, zombie.pgrp), (1, 40));
-        assert!(zombie.is_zombie());
-        let odd = Stat::parse("42 (a) Z (b)) S 7 42 42 0 -1").expect("parses");
-        assert_eq!((odd.state, odd.ppid), ('S', 7));
-        assert_eq!(Stat::parse("garbage"), None);
     }
 
     #[test]

@@ -23,7 +23,7 @@
 //! - Remotes and watch types are read afresh at each cycle's start, so a
 //!   reload takes effect in the next cycle.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -43,9 +43,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::config::WatchSpec;
+use crate::config::remote::ResolvedRemote;
+use crate::config::{Plan, WatchSpec};
 use crate::lock;
-use crate::remote::ResolvedRemote;
 
 /// What went wrong in the manager.
 #[derive(Debug, thiserror::Error)]
@@ -101,35 +101,12 @@ impl CacheState {
 /// Caches by `(remote, resource)`.
 pub type Caches = BTreeMap<(String, String), CacheState>;
 
-/// What the manager runs: the remotes, and what it caches on each.
-#[derive(Debug, Clone, Default)]
-pub struct Plan {
-    /// The remotes, in config order.
-    pub remotes: Vec<ResolvedRemote>,
-    /// The resource types cached on every remote.
-    pub watch: Vec<WatchSpec>,
-}
-
-impl Plan {
-    /// Every `(remote, resource)` pair planned.
-    fn pairs(&self) -> BTreeSet<(String, String)> {
-        self.remotes
-            .iter()
-            .flat_map(|r| {
-                self.watch
-                    .iter()
-                    .map(|w| (r.name.clone(), w.resource_label()))
-            })
-            .collect()
-    }
-
-    /// The remotes the manager uses: none when it watches nothing.
-    fn used(&self) -> &[ResolvedRemote] {
-        if self.watch.is_empty() {
-            &[]
-        } else {
-            &self.remotes
-        }
+/// The remotes the manager uses: none when it watches nothing.
+fn used(plan: &Plan) -> &[ResolvedRemote] {
+    if plan.watch.is_empty() {
+        &[]
+    } else {
+        &plan.remotes
     }
 }
 
@@ -290,17 +267,6 @@ impl ManagerHandle {
     pub fn caches(&self) -> Caches {
         lock(&self.shared.caches).clone()
     }
-
-    /// The names of required remotes.
-    #[must_use]
-    pub fn required(&self) -> BTreeSet<String> {
-        lock(&self.shared.plan)
-            .remotes
-            .iter()
-            .filter(|r| r.required)
-            .map(|r| r.name.clone())
-            .collect()
-    }
 }
 
 fn api_resource(spec: &WatchSpec) -> ApiResource {
@@ -328,8 +294,9 @@ fn client(remote: &ResolvedRemote) -> Result<kube::Client, Error> {
     })
 }
 
-/// How a failing watch is retried: 1s doubling to 30s, ±20%, as kube's
-/// own default backoff, but reset only by an answer.
+/// How a failing watch, and a client that cannot be built, are retried: 1s
+/// doubling to 30s, ±20%, as kube's own default backoff, but reset only by
+/// an answer.
 const WATCH_RETRY: BackoffConfig = BackoffConfig {
     initial: Duration::from_secs(1),
     max: Duration::from_secs(30),
@@ -545,7 +512,9 @@ async fn client_for(
     run: &CancellationToken,
     pending: &mut Option<tether_probes::Pending<Result<kube::Client, Error>>>,
 ) -> Option<kube::Client> {
-    let mut wait = Duration::from_secs(1);
+    // The same policy as a failing watch: 1s doubling to 30s, jittered so
+    // that many remotes whose plugin fails together do not retry in step.
+    let mut retry = Backoff::new(WATCH_RETRY);
     let mut failures = 0u32;
     loop {
         let make = {
@@ -581,9 +550,8 @@ async fn client_for(
         }
         tokio::select! {
             () = run.cancelled() => return None,
-            () = tokio::time::sleep(wait) => {}
+            () = tokio::time::sleep(retry.next_delay()) => {}
         }
-        wait = (wait * 2).min(Duration::from_secs(30));
     }
 }
 
@@ -635,7 +603,7 @@ impl ManagerFactory for WatchManager {
     fn remotes(&self) -> UsedRemotes {
         let plan = lock(&self.shared.plan);
         UsedRemotes::Only(
-            plan.used()
+            used(&plan)
                 .iter()
                 .map(|remote| {
                     if remote.required {
@@ -655,8 +623,7 @@ impl ManagerFactory for WatchManager {
 
         // A remote without a scope was added after the supervisor asked which
         // remotes this cycle uses; the reload that added it ends this cycle.
-        let parts: Vec<(&ResolvedRemote, RemoteScope)> = plan
-            .used()
+        let parts: Vec<(&ResolvedRemote, RemoteScope)> = used(&plan)
             .iter()
             .filter_map(|remote| cycle.scope(&remote.name).map(|scope| (remote, scope)))
             .collect();

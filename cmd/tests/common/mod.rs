@@ -455,7 +455,7 @@ impl Tether {
 /// and whose backoff is 1ms so cycles follow each other at once.
 pub(crate) struct InProcess {
     pub(crate) status: tether_supervisor::SupervisorHandle,
-    pub(crate) manager: tether::manager::ManagerHandle,
+    pub(crate) manager: tether::managers::watch::ManagerHandle,
     pub(crate) root: tokio_util::sync::CancellationToken,
     pub(crate) run: tokio::task::JoinHandle<tether_supervisor::ShutdownOutcome>,
     /// Probing stops when this is dropped.
@@ -476,21 +476,25 @@ impl InProcess {
     }
 }
 
+/// `pid`'s `/proc/<pid>/stat`, if it is still there.
+pub(crate) fn stat(pid: u32) -> Option<procfs::process::Stat> {
+    procfs::process::Process::new(i32::try_from(pid).ok()?)
+        .and_then(|p| p.stat())
+        .ok()
+}
+
+/// Whether `pid` still runs: gone, or a zombie, is not running.
+pub(crate) fn running(pid: u32) -> bool {
+    stat(pid).is_some_and(|s| s.state != 'Z')
+}
+
 /// The children of `parent`, from `/proc`.
 pub(crate) fn children(parent: u32) -> Vec<u32> {
-    std::fs::read_dir("/proc")
+    procfs::process::all_processes()
         .expect("/proc")
-        .filter_map(Result::ok)
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .ok()
-                .and_then(|stat| {
-                    let (_, fields) = stat.rsplit_once(')')?;
-                    fields.split_whitespace().nth(1)?.parse::<u32>().ok()
-                })
-                == Some(parent)
-        })
+        .filter_map(|p| p.ok()?.stat().ok())
+        .filter(|s| u32::try_from(s.ppid).ok() == Some(parent))
+        .filter_map(|s| u32::try_from(s.pid).ok())
         .collect()
 }
 
@@ -563,8 +567,9 @@ pub(crate) async fn start_in_process_with(
     remotes: &[(&str, &ApiServer, bool)],
     probe: tether_probes::ProbeConfig,
 ) -> InProcess {
-    use tether::manager::{Plan, WatchManager};
-    use tether::remote::ResolvedRemote;
+    use tether::config::Plan;
+    use tether::config::remote::ResolvedRemote;
+    use tether::managers::watch::WatchManager;
 
     let registry = prometheus::Registry::new();
     let stale_after = probe.detection_bound();
@@ -580,7 +585,7 @@ pub(crate) async fn start_in_process_with(
         });
     }
     probes
-        .sync(&tether::remote::probed(&resolved))
+        .sync(&tether::config::remote::probed(&resolved))
         .expect("sync");
     let watch = vec![tether::config::WatchSpec {
         api_version: "v1".into(),
@@ -593,6 +598,7 @@ pub(crate) async fn start_in_process_with(
     let plan = Plan {
         remotes: resolved,
         watch,
+        exec: None,
     };
     let manager =
         WatchManager::new(&registry, probes.handle(), plan, stale_after).expect("manager");

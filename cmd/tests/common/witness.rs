@@ -148,14 +148,7 @@ fn alive(token: &str) -> Vec<Alive> {
             else {
                 continue;
             };
-            let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .ok()
-                .and_then(|s| {
-                    s.rsplit_once(')')
-                        .map(|(_, f)| f.trim_start().starts_with('Z'))
-                })
-                .unwrap_or(true);
-            if zombie {
+            if !super::running(pid) {
                 continue;
             }
             let remotes = std::fs::read(format!("/proc/{pid}/environ"))
