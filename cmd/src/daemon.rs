@@ -330,11 +330,11 @@ fn exec_command(config: &Config) -> Result<(), StartError> {
     let Some(exec) = &config.exec else {
         return Ok(());
     };
-    exec::find_command(exec).map(drop).map_err(|message| {
+    exec::find_command(exec).map(drop).map_err(|err| {
         StartError::Config(ConfigError::new(
             &config.label(),
             "manager.exec.command",
-            message,
+            err.to_string(),
         ))
     })
 }

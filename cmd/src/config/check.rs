@@ -32,27 +32,66 @@ pub(super) fn kept<T>(errors: &mut Vec<ConfigError>, result: Result<T, ConfigErr
 /// more, and far larger values would overflow the timers' arithmetic.
 const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 
+/// Why a duration was not taken.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DurationError {
+    /// It does not parse.
+    #[error(
+        "invalid duration {text:?}: write a number and a unit, like 500ms, 10s, 2m or 1h30m ({reason})"
+    )]
+    Invalid {
+        /// What was given.
+        text: String,
+        /// The parser's reason.
+        reason: String,
+    },
+    /// It is longer than [`MAX_DURATION`].
+    #[error("{text:?} is longer than 24h, the most tether takes")]
+    TooLong {
+        /// What was given.
+        text: String,
+    },
+}
+
 /// Parses a duration: `500ms`, `10s`, `2m`, `1h30m`, `1.5s`. The grammar is
 /// jiff's "friendly" format, the same the test kit's faults take. At most
 /// 24h.
 ///
 /// # Errors
 ///
-/// A message saying what a duration looks like, or that it is too long.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
+/// [`DurationError`]: what a duration looks like, or that it is too long.
+pub fn parse_duration(text: &str) -> Result<Duration, DurationError> {
     let duration = jiff::fmt::friendly::SpanParser::new()
         .parse_unsigned_duration(text.trim())
-        .map_err(|err| {
-            format!(
-                "invalid duration {text:?}: write a number and a unit, like 500ms, 10s, 2m or 1h30m ({err})"
-            )
+        .map_err(|err| DurationError::Invalid {
+            text: text.to_owned(),
+            reason: err.to_string(),
         })?;
     if duration > MAX_DURATION {
-        return Err(format!(
-            "{text:?} is longer than 24h, the most tether takes"
-        ));
+        return Err(DurationError::TooLong {
+            text: text.to_owned(),
+        });
     }
     Ok(duration)
+}
+
+/// Why a file cannot be read, naming it.
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    /// Nothing is there.
+    #[error("file {} does not exist", .0.display())]
+    Missing(PathBuf),
+    /// A directory is there.
+    #[error("{} is a directory, not a file", .0.display())]
+    Directory(PathBuf),
+    /// It cannot be opened: permissions, a symlink loop, ...
+    #[error("cannot read {}: {source}", .path.display())]
+    Unreadable {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
 }
 
 /// Whether `path` is a file tether can read, or why not, naming it: a
@@ -60,18 +99,19 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 ///
 /// # Errors
 ///
-/// The reason, with the path.
-pub fn readable_file(path: &Path) -> Result<(), String> {
-    let shown = path.display();
+/// [`FileError`], with the path.
+pub fn readable_file(path: &Path) -> Result<(), FileError> {
+    let unreadable = |source| FileError::Unreadable {
+        path: path.to_owned(),
+        source,
+    };
     match std::fs::metadata(path) {
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
-            Err(format!("file {shown} does not exist"))
+            Err(FileError::Missing(path.to_owned()))
         }
-        Err(err) => Err(format!("cannot read {shown}: {err}")),
-        Ok(meta) if meta.is_dir() => Err(format!("{shown} is a directory, not a file")),
-        Ok(_) => std::fs::File::open(path)
-            .map(drop)
-            .map_err(|err| format!("cannot read {shown}: {err}")),
+        Err(err) => Err(unreadable(err)),
+        Ok(meta) if meta.is_dir() => Err(FileError::Directory(path.to_owned())),
+        Ok(_) => std::fs::File::open(path).map(drop).map_err(unreadable),
     }
 }
 
@@ -274,7 +314,7 @@ impl Checker<'_> {
         default: Duration,
     ) -> Result<Duration, ConfigError> {
         value.map_or(Ok(default), |v| {
-            parse_duration(v).map_err(|e| self.error(field, e))
+            parse_duration(v).map_err(|e| self.error(field, e.to_string()))
         })
     }
 
@@ -284,7 +324,7 @@ impl Checker<'_> {
         let path = self.base.join(value);
         readable_file(&path)
             .map(|()| path)
-            .map_err(|message| self.error(field, message))
+            .map_err(|err| self.error(field, err.to_string()))
     }
 
     /// Every section of `raw` but the manager (handed back unchecked),

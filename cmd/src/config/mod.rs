@@ -33,7 +33,7 @@ use tether_probes::ProbeConfig;
 use tether_supervisor::SupervisorConfig;
 
 use self::check::{Checker, parse_error};
-pub use self::check::{parse_duration, readable_file};
+pub use self::check::{DurationError, FileError, parse_duration, readable_file};
 pub use self::plan::Plan;
 use self::raw::RawConfig;
 pub use self::spec::{
@@ -300,7 +300,7 @@ mod tests {
             "86401s",
         ] {
             let err = parse_duration(huge).expect_err(huge);
-            assert!(err.contains(huge), "{err}");
+            assert!(err.to_string().contains(huge), "{err}");
         }
     }
 

@@ -136,7 +136,7 @@ async fn from_kubeconfig(
     }
     // kube reads these files itself, and its errors do not name them.
     for (role, file) in named_files(&kubeconfig, context) {
-        crate::config::readable_file(Path::new(file)).map_err(|reason| {
+        super::readable_file(Path::new(file)).map_err(|reason| {
             (
                 ".kubeconfig",
                 format!("{}: its {}: {reason}", path.display(), role.as_str()),

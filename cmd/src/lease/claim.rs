@@ -291,6 +291,38 @@ pub(crate) enum Lapse {
     Lost,
 }
 
+/// Why one try at a Lease failed. A claim stands until its fence.
+#[derive(Debug, thiserror::Error)]
+pub enum TryError {
+    /// Another write came between this replica's read and its write.
+    #[error(
+        "{lease} changed between its read and its write (409 Conflict); it reads it again at the next {turn}"
+    )]
+    Conflict {
+        /// Which Lease, in words.
+        lease: &'static str,
+        /// What the next try is called.
+        turn: &'static str,
+    },
+    /// The apiserver answered with an error, or could not be reached.
+    #[error("{}", tether_supervisor::error_chain(.0))]
+    Api(kube::Error),
+    /// No answer within `retryPeriod`.
+    #[error("the Leases' apiserver did not answer within retryPeriod")]
+    TimedOut,
+}
+
+impl TryError {
+    /// `err` from a read or a write of `lease` (in words), tried again at
+    /// the next `turn`.
+    pub(crate) fn of(err: kube::Error, lease: &'static str, turn: &'static str) -> Self {
+        match err {
+            kube::Error::Api(status) if status.code == 409 => Self::Conflict { lease, turn },
+            other => Self::Api(other),
+        }
+    }
+}
+
 /// One party to a Lease, as [`keep`] drives it.
 pub(crate) trait Claimant {
     /// One try: `Ok(Some(sent))` when a write that holds this replica's
@@ -300,13 +332,13 @@ pub(crate) trait Claimant {
     fn attempt(
         &mut self,
         fence: Option<Instant>,
-    ) -> impl Future<Output = Result<Option<Instant>, String>> + Send;
+    ) -> impl Future<Output = Result<Option<Instant>, TryError>> + Send;
 
     /// This replica's claim is over.
     fn lapsed(&mut self, why: Lapse);
 
     /// How the last try went: `None` if it succeeded.
-    fn note(&mut self, error: Option<String>);
+    fn note(&mut self, error: Option<&TryError>);
 }
 
 /// Runs `claimant` every `retryPeriod` (jittered) until `stop`, each try
@@ -356,10 +388,8 @@ pub(crate) async fn keep(
                     claimant.lapsed(Lapse::Lost);
                 }
             }
-            Ok(Err(err)) => claimant.note(Some(err)),
-            Err(_) => claimant.note(Some(
-                "the Leases' apiserver did not answer within retryPeriod".to_owned(),
-            )),
+            Ok(Err(err)) => claimant.note(Some(&err)),
+            Err(_) => claimant.note(Some(&TryError::TimedOut)),
         }
     }
 }

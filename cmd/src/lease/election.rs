@@ -43,7 +43,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 pub use super::Error;
-use super::claim::{self, Claimant, Lapse, Observer, shown_holder};
+use super::claim::{self, Claimant, Lapse, Observer, TryError, shown_holder};
 use crate::config::LeaderElectionSpec;
 use crate::lock;
 
@@ -245,14 +245,14 @@ impl Election {
     /// # Errors
     ///
     /// If the Lease cannot be read within `retryPeriod`.
-    pub async fn holder(&self) -> Result<Option<(String, Option<Duration>)>, String> {
+    pub async fn holder(&self) -> Result<Option<(String, Option<Duration>)>, TryError> {
         let lease = timeout(
             self.spec.retry_period,
             self.leases.get_opt(&self.spec.lease_name),
         )
         .await
-        .map_err(|_| "the Lease's apiserver did not answer in time".to_owned())?
-        .map_err(|err| tether_supervisor::error_chain(&err))?;
+        .map_err(|_| TryError::TimedOut)?
+        .map_err(TryError::Api)?;
         Ok(lease.map(|lease| {
             let spec = lease.spec.unwrap_or_default();
             let age = spec.renew_time.and_then(|t| {
@@ -305,26 +305,17 @@ impl Election {
     }
 }
 
-/// What a try's error says, a conflict in words.
-fn try_error(err: &kube::Error) -> String {
-    match err {
-        kube::Error::Api(status) if status.code == 409 => {
-            "the Lease changed between this replica's read and its write (409 Conflict); it reads it again at the next try".to_owned()
-        }
-        other => tether_supervisor::error_chain(other),
-    }
+/// A try's error, a conflict in words.
+fn try_error(err: kube::Error) -> TryError {
+    TryError::of(err, "the Lease", "try")
 }
 
 impl Claimant for Candidate<'_> {
-    async fn attempt(&mut self, fence: Option<Instant>) -> Result<Option<Instant>, String> {
+    async fn attempt(&mut self, fence: Option<Instant>) -> Result<Option<Instant>, TryError> {
         let election = self.election;
         let name = &election.spec.lease_name;
         let me = election.identity.as_str();
-        let lease = election
-            .leases
-            .get_opt(name)
-            .await
-            .map_err(|e| try_error(&e))?;
+        let lease = election.leases.get_opt(name).await.map_err(try_error)?;
         let record = lease.as_ref().map(|l| l.spec.clone().unwrap_or_default());
         let sighting = lock(&election.seen).observe(record.as_ref(), me);
         {
@@ -388,7 +379,7 @@ impl Claimant for Candidate<'_> {
                     .await
             }
         };
-        written.map_err(|e| try_error(&e))?;
+        written.map_err(try_error)?;
         if record.is_none() && !vanished_under_me {
             self.leads_from = Some(sent + election.spec.lease_duration.duration());
         }
@@ -413,7 +404,7 @@ impl Claimant for Candidate<'_> {
         self.election.set_leading(false, why);
     }
 
-    fn note(&mut self, error: Option<String>) {
-        lock(&self.election.shared.state).last_error = error;
+    fn note(&mut self, error: Option<&TryError>) {
+        lock(&self.election.shared.state).last_error = error.map(ToString::to_string);
     }
 }

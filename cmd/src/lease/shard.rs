@@ -48,7 +48,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::Error;
-use super::claim::{self, Claimant, Lapse, Observer, shown_holder};
+use super::claim::{self, Claimant, Lapse, Observer, TryError, shown_holder};
 use crate::config::{LeaderElectionSpec, ShardingSpec};
 use crate::lock;
 
@@ -601,20 +601,15 @@ impl Sharding {
 }
 
 /// What a round's error says, a conflict in words.
-fn round_error(err: &kube::Error) -> String {
-    match err {
-        kube::Error::Api(status) if status.code == 409 => {
-            "this replica's shard Lease changed between its read and its write (409 Conflict); it reads it again at the next round".to_owned()
-        }
-        other => tether_supervisor::error_chain(other),
-    }
+fn round_error(err: kube::Error) -> TryError {
+    TryError::of(err, "this replica's shard Lease", "round")
 }
 
 impl Claimant for Sharding {
     /// One round: the group's Leases read; this replica's own renewed with
     /// its view; what the members take from it given up, and what it may
     /// take taken; while it joins, nothing held and an empty view.
-    async fn attempt(&mut self, fence: Option<Instant>) -> Result<Option<Instant>, String> {
+    async fn attempt(&mut self, fence: Option<Instant>) -> Result<Option<Instant>, TryError> {
         let selector = format!("{GROUP_LABEL}={}", self.prefix);
         let list = match self
             .leases
@@ -628,7 +623,7 @@ impl Claimant for Sharding {
                 if fence.is_none() {
                     self.since = None;
                 }
-                return Err(round_error(&err));
+                return Err(round_error(err));
             }
         };
         let (own, stale) = self.read(list.items);
@@ -693,7 +688,7 @@ impl Claimant for Sharding {
         let sent = self
             .renew(own, sighting.ours, &publish)
             .await
-            .map_err(|e| round_error(&e))?;
+            .map_err(round_error)?;
         // Take only under a view published in an earlier round: a member
         // that has not seen this one's view yet (two that finish joining at
         // once each see the other as joining) may take the same remotes
@@ -739,8 +734,8 @@ impl Claimant for Sharding {
         self.let_go();
     }
 
-    fn note(&mut self, error: Option<String>) {
-        lock(&self.shared.state).last_error = error;
+    fn note(&mut self, error: Option<&TryError>) {
+        lock(&self.shared.state).last_error = error.map(ToString::to_string);
     }
 }
 

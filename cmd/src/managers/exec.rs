@@ -245,25 +245,44 @@ fn spec_program(spec: &ExecSpec) -> std::io::Result<PathBuf> {
     find_program(program, path.as_deref(), spec.working_dir.as_deref())
 }
 
-/// Whether `spec`'s program can be run: its path, or why not, fit to print.
+/// Why the exec manager's program cannot be run, fit to print.
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    /// A path to nothing.
+    #[error("{0} does not exist")]
+    Missing(String),
+    /// A name on no folder of `PATH`.
+    #[error("{0} is not found on PATH (the exec manager's env, else tether's)")]
+    NotOnPath(String),
+    /// Not an executable file.
+    #[error("{0} is not an executable file")]
+    NotExecutable(String),
+    /// Anything else a spawn would fail on.
+    #[error("{program}: {source}")]
+    Other {
+        /// The program, escaped.
+        program: String,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// Whether `spec`'s program can be run: its path, or why not.
 ///
 /// # Errors
 ///
-/// What is wrong with it: not found, or not an executable file.
-pub fn find_command(spec: &ExecSpec) -> Result<PathBuf, String> {
+/// [`CommandError`]: not found, or not an executable file.
+pub fn find_command(spec: &ExecSpec) -> Result<PathBuf, CommandError> {
     let program = spec.command.first().map_or("", String::as_str);
-    let shown = tether_supervisor::printable(program, 256);
+    let shown = tether_supervisor::printable(program, 256).into_owned();
     spec_program(spec).map_err(|err| match err.kind() {
-        std::io::ErrorKind::NotFound if program.contains('/') => {
-            format!("{shown} does not exist")
-        }
-        std::io::ErrorKind::NotFound => {
-            format!("{shown} is not found on PATH (the exec manager's env, else tether's)")
-        }
-        std::io::ErrorKind::PermissionDenied => {
-            format!("{shown} is not an executable file")
-        }
-        _ => format!("{shown}: {err}"),
+        std::io::ErrorKind::NotFound if program.contains('/') => CommandError::Missing(shown),
+        std::io::ErrorKind::NotFound => CommandError::NotOnPath(shown),
+        std::io::ErrorKind::PermissionDenied => CommandError::NotExecutable(shown),
+        _ => CommandError::Other {
+            program: shown,
+            source: err,
+        },
     })
 }
 
