@@ -188,7 +188,7 @@ fn random_server_urls_never_panic_identity() {
             continue;
         };
         let outcome = std::panic::catch_unwind(|| {
-            let normalized = tether_probes::normalize_url(&uri);
+            let normalized = tether_probes::client::normalize_url(&uri);
             let identity = tether_probes::Identity::of(&kube::Config::new(uri.clone()));
             (normalized, identity)
         });

@@ -51,7 +51,7 @@ async fn a_hanging_exec_plugin_is_a_local_error_of_its_remote_alone() {
     // Past the plugin's deadline, everything else answers promptly.
     let started = Instant::now();
     let probed = a.requests("/readyz");
-    while started.elapsed() < tether_probes::PLUGIN_DEADLINE + Duration::from_secs(3) {
+    while started.elapsed() < tether_probes::client::PLUGIN_DEADLINE + Duration::from_secs(3) {
         let asked = Instant::now();
         let answer = tether.get("/healthz").await;
         assert_eq!(
@@ -114,7 +114,7 @@ async fn check_reports_a_hanging_exec_plugin_instead_of_hanging() {
         "{stdout}"
     );
     assert!(
-        asked.elapsed() < tether_probes::PLUGIN_DEADLINE + Duration::from_secs(5),
+        asked.elapsed() < tether_probes::client::PLUGIN_DEADLINE + Duration::from_secs(5),
         "took {:?}",
         asked.elapsed()
     );
@@ -276,7 +276,7 @@ async fn hostile_remotes_are_reported_and_cannot_eat_the_process() {
     let pid = tether.child.id().expect("running");
     // Four times the list bound, plus the process itself: a remote that
     // streams without end must never be buffered whole.
-    let bound_kib = 4 * (tether_probes::MAX_RESPONSE >> 10) + 100 * 1024;
+    let bound_kib = 4 * (tether_probes::client::MAX_RESPONSE >> 10) + 100 * 1024;
     let rss = || tether_testkit::procfs::status_kib(Some(pid), "VmHWM").unwrap_or(0);
     tether.until_metric("tether_cycle", "1", |v| v == 1.0).await;
     let started = Instant::now();

@@ -36,7 +36,7 @@ async fn remotes() -> Vec<Remote> {
         let server = ApiServer::start(Options::default().name(&name))
             .await
             .expect("server");
-        let key = tether_probes::normalize_url(&server.url().parse().expect("a URL"))
+        let key = tether_probes::client::normalize_url(&server.url().parse().expect("a URL"))
             .expect("normalized");
         remotes.push(Remote { name, server, key });
     }

@@ -46,7 +46,7 @@ pub enum ResponseTooLarge {
 /// A kube client from `config`, with every response bounded.
 ///
 /// Building it runs the kubeconfig's exec credential plugin, if any: build
-/// it off the async workers ([`off_workers`](crate::off_workers)).
+/// it off the async workers ([`off_workers`](crate::client::off_workers)).
 ///
 /// # Errors
 ///

@@ -111,7 +111,7 @@ impl LocalKind {
         }
         let mut current = Some(error);
         while let Some(err) = current {
-            if err.is::<kube::client::AuthError>() || err.is::<crate::BuildError>() {
+            if err.is::<kube::client::AuthError>() || err.is::<crate::credentials::BuildError>() {
                 return Self::Credentials;
             }
             current = next_cause(err);
@@ -317,7 +317,7 @@ pub fn transport_failure(error: &kube::Error) -> Option<FailureCause> {
     // A response cut for its size came over a working connection.
     let mut current: Option<&(dyn StdError + 'static)> = Some(error);
     while let Some(err) = current {
-        if err.is::<crate::ResponseTooLarge>() {
+        if err.is::<crate::bounded::ResponseTooLarge>() {
             return None;
         }
         current = next_cause(err);

@@ -26,7 +26,7 @@ pub(crate) const MAX_BODY: u64 = 16 * 1024;
 /// What a head's first read asks for: most heads fit in it whole.
 const FIRST_READ: usize = 1024;
 
-/// The status recorded for an answer whose head passed [`MAX_HEAD`]: the
+/// The status recorded for an answer whose head passed 32 KiB: the
 /// remote answered (reachable), but what it said could not be read (not
 /// ready).
 pub const HEAD_TOO_LARGE: u16 = 0;

@@ -50,24 +50,34 @@ mod set;
 mod tracker;
 mod wire;
 
-pub use crate::bounded::{
-    Bounded, MAX_LEASE_RESPONSE, MAX_RESPONSE, MAX_WATCH_EVENT, ResponseTooLarge, bounded_client,
-    bounded_client_within,
-};
-pub use crate::classify::{
-    FailureCause, LocalKind, Outcome, ProbeResult, classify, out_of_descriptors, root_cause,
-    transport_failure,
-};
+pub use crate::classify::{FailureCause, LocalKind, Outcome, ProbeResult, classify};
 pub use crate::config::ProbeConfig;
-pub use crate::credentials::{BuildError, PLUGIN_DEADLINE, Pending, off_workers, once_off_workers};
 pub use crate::history::{BUCKET_WIDTH, Bucket, HISTORY_BUCKETS, HISTORY_WINDOW, Recent};
 pub use crate::http::HEAD_TOO_LARGE;
-pub use crate::identity::{Identity, Remote, host_port, normalize_url};
-pub use crate::probe::{ProbeClient, probe_client, probe_once, shown_url, without_userinfo};
+pub use crate::identity::{Identity, Remote};
+pub use crate::probe::{ProbeClient, probe_client, probe_once};
 pub use crate::set::{
     CheckRow, MetricChunks, ProbeSet, ProbeSetHandle, Recheck, RemoteStatus, Transition, check,
 };
 pub use crate::tracker::{Reachability, Tracker};
+
+/// The kube client plumbing the probes are built on, which the manager and
+/// the Lease clients share so that every client tether makes is bounded and
+/// reported alike: response size limits, credential plugins run off the
+/// async workers under a deadline, the cause of a failure, and URLs shown
+/// without their secrets.
+pub mod client {
+    pub use crate::bounded::{
+        Bounded, MAX_LEASE_RESPONSE, MAX_RESPONSE, MAX_WATCH_EVENT, ResponseTooLarge,
+        bounded_client, bounded_client_within,
+    };
+    pub use crate::classify::{out_of_descriptors, root_cause, transport_failure};
+    pub use crate::credentials::{
+        BuildError, PLUGIN_DEADLINE, Pending, off_workers, once_off_workers,
+    };
+    pub use crate::identity::{host_port, normalize_url};
+    pub use crate::probe::{shown_url, without_userinfo};
+}
 
 /// What can go wrong when setting up probes.
 #[derive(Debug, thiserror::Error)]

@@ -126,7 +126,7 @@ pub async fn serve(listener: Listener, admin: Arc<Admin>, stop: CancellationToke
                     backoff = Duration::ZERO;
                     stream
                 }
-                Err(err) if tether_probes::out_of_descriptors(&err) && give_up(&spare) => {
+                Err(err) if tether_probes::client::out_of_descriptors(&err) && give_up(&spare) => {
                     debug!("admin accept: out of descriptors; using the reserved one");
                     match listener.accept().await {
                         Ok((stream, _)) => {

@@ -45,7 +45,7 @@ pub enum DurationError {
         /// The parser's reason.
         reason: String,
     },
-    /// It is longer than [`MAX_DURATION`].
+    /// It is longer than 24h.
     #[error("{text:?} is longer than 24h, the most tether takes")]
     TooLong {
         /// What was given.
@@ -560,7 +560,7 @@ impl Checker<'_> {
                 let uri: http::Uri = server.parse().map_err(|e| {
                     self.error(at("server"), format!("invalid URL {server:?}: {e}"))
                 })?;
-                tether_probes::normalize_url(&uri).map_err(|e| {
+                tether_probes::client::normalize_url(&uri).map_err(|e| {
                     self.error(at("server"), format!("invalid URL {server:?}: {e}"))
                 })?;
                 RemoteSource::Direct {

@@ -8,7 +8,8 @@ use kube::config::{
     AuthInfo, Cluster, Context, ExecInteractiveMode, KubeConfigOptions, Kubeconfig, NamedAuthInfo,
     NamedCluster, NamedContext,
 };
-use tether_probes::{Remote, without_userinfo};
+use tether_probes::Remote;
+use tether_probes::client::without_userinfo;
 use tracing::warn;
 
 use super::sources::{Role, SourceFile};
@@ -51,7 +52,7 @@ impl ResolvedRemote {
 
 /// The innermost cause's message.
 fn root(error: &(dyn std::error::Error + 'static)) -> String {
-    tether_probes::root_cause(error)
+    tether_probes::client::root_cause(error)
 }
 
 /// A kubeconfig with one cluster, user and context, from direct fields.

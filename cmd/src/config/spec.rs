@@ -313,7 +313,7 @@ impl fmt::Display for RemoteSource {
                 let uri: Option<http::Uri> = server.parse().ok();
                 let shown = uri.map_or_else(
                     || "(not a URL)".to_owned(),
-                    |u| tether_probes::shown_url(&u),
+                    |u| tether_probes::client::shown_url(&u),
                 );
                 write!(f, "server {shown}")?;
                 if *insecure_skip_tls_verify {

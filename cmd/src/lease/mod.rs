@@ -23,7 +23,7 @@ pub enum Error {
     /// Making that client (which may run an exec credential plugin) hung
     /// or panicked.
     #[error("cannot make a client for the Lease's cluster")]
-    Build(#[source] tether_probes::BuildError),
+    Build(#[source] tether_probes::client::BuildError),
     /// The kubeconfig of the Lease's cluster is unusable.
     #[error("cannot read the kubeconfig of the Lease's cluster")]
     Kubeconfig(#[source] kube::config::KubeconfigError),
@@ -45,7 +45,7 @@ pub(crate) struct Leases {
 impl Leases {
     /// The client `spec` asks for: its kubeconfig, else in-cluster or the
     /// current context; each request bounded by `retryPeriod`, no retries,
-    /// each response by [`tether_probes::MAX_LEASE_RESPONSE`].
+    /// each response by [`tether_probes::client::MAX_LEASE_RESPONSE`].
     pub(crate) async fn new(spec: &LeaderElectionSpec) -> Result<Self, Error> {
         // Each request is bounded by its own timeout; kube's retries would
         // outlast the fence.
@@ -68,7 +68,7 @@ impl Leases {
 /// A client of the home cluster (`kubeconfig`'s current context, else
 /// in-cluster, else the current kubeconfig context), and the namespace that
 /// context names: each request bounded by `timeout`, no retries, each
-/// response by [`tether_probes::MAX_LEASE_RESPONSE`]. The Leases and the
+/// response by [`tether_probes::client::MAX_LEASE_RESPONSE`]. The Leases and the
 /// Events on tether's Pod go through it.
 ///
 /// # Errors
@@ -98,8 +98,11 @@ pub async fn home_client(
     config.connect_timeout = Some(timeout);
     let namespace = config.default_namespace.clone();
     // Off the workers: an exec credential plugin runs in the build.
-    let client = tether_probes::once_off_workers(move || {
-        tether_probes::bounded_client_within(config, tether_probes::MAX_LEASE_RESPONSE)
+    let client = tether_probes::client::once_off_workers(move || {
+        tether_probes::client::bounded_client_within(
+            config,
+            tether_probes::client::MAX_LEASE_RESPONSE,
+        )
     })
     .await
     .map_err(Error::Build)?

@@ -373,7 +373,7 @@ fn write_remotes(dir: &Path, cycle: u64, remotes: &[ResolvedRemote]) -> std::io:
                 let token = token_file.as_deref().map(absolute).transpose()?;
                 let kubeconfig = remote::direct_kubeconfig(
                     &remote.name,
-                    &tether_probes::without_userinfo(
+                    &tether_probes::client::without_userinfo(
                         &server.parse().map_err(std::io::Error::other)?,
                     )
                     .to_string(),

@@ -286,7 +286,7 @@ fn api_resource(spec: &WatchSpec) -> ApiResource {
 /// The remote's client, its responses bounded so a remote cannot exhaust
 /// tether's memory.
 fn client(remote: &ResolvedRemote) -> Result<kube::Client, Error> {
-    tether_probes::bounded_client(kube::Config::clone(&remote.config)).map_err(|source| {
+    tether_probes::client::bounded_client(kube::Config::clone(&remote.config)).map_err(|source| {
         Error::Client {
             remote: remote.name.clone(),
             source,
@@ -451,12 +451,12 @@ impl Cache {
                     // A transport failure may be a remote that takes no new
                     // connections while the probe's kept one still answers.
                     if request_error(&err)
-                        .and_then(tether_probes::transport_failure)
+                        .and_then(tether_probes::client::transport_failure)
                         .is_some()
                     {
                         self.shared.probes.suspect(remote);
                     }
-                    let error = tether_probes::root_cause(&err);
+                    let error = tether_probes::client::root_cause(&err);
                     match failures.failed(Instant::now()) {
                         Report::First => {
                             warn!(%remote, %resource, %error, "watch failing; retrying with backoff");
@@ -510,7 +510,7 @@ async fn client_for(
     remote: &ResolvedRemote,
     probes: &ProbeSetHandle,
     run: &CancellationToken,
-    pending: &mut Option<tether_probes::Pending<Result<kube::Client, Error>>>,
+    pending: &mut Option<tether_probes::client::Pending<Result<kube::Client, Error>>>,
 ) -> Option<kube::Client> {
     // The same policy as a failing watch: 1s doubling to 30s, jittered so
     // that many remotes whose plugin fails together do not retry in step.
@@ -524,7 +524,7 @@ async fn client_for(
         let outcome = tokio::select! {
             biased;
             () = run.cancelled() => return None,
-            outcome = tether_probes::off_workers(pending, make) => outcome,
+            outcome = tether_probes::client::off_workers(pending, make) => outcome,
         };
         let error = match outcome {
             Ok(Ok(client)) => {
@@ -535,7 +535,7 @@ async fn client_for(
             }
             Ok(Err(err)) => {
                 probes.count_local_error(tether_probes::LocalKind::of(&err));
-                tether_probes::root_cause(&err)
+                tether_probes::client::root_cause(&err)
             }
             Err(err) => {
                 probes.count_local_error(tether_probes::LocalKind::of(&err));
