@@ -1,6 +1,12 @@
 //! The process-lifetime set of probes: one task per remote identity, state
 //! that outlives cycles and reloads, metrics, and published transitions.
 //!
+//! - here: the set, its `sync`, its handle, and each remote's state;
+//! - `run.rs`: one identity's probe task, and each result applied;
+//! - `pace.rs`: when ticks fall, and how fast new connections open;
+//! - `text.rs`: the series as Prometheus text, a piece at a time;
+//! - `check.rs`: every remote probed once, for `tether check`.
+//!
 //! # Invariants
 //!
 //! - One probe task runs per distinct [`Identity`]; its result is reported
@@ -28,38 +34,33 @@
 //! - Every state change is logged once, counted in
 //!   `tether_remote_transitions_total`, and published once per name.
 
+mod check;
+mod pace;
+mod run;
+mod text;
+
 use std::collections::BTreeMap;
-use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use futures_util::{FutureExt as _, Stream};
+use futures_util::Stream;
 use prometheus::Registry;
-use tether_supervisor::{RemoteSignal, panic_message};
+use tether_supervisor::RemoteSignal;
 use tokio::sync::{Notify, broadcast};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument as _, debug, error, info, info_span, warn};
+use tracing::{Instrument as _, debug, info, info_span, warn};
 
-use crate::classify::{FailureCause, LocalKind, Outcome, ProbeResult, root_cause};
-use crate::credentials;
-use crate::history::{History, Recent, Seen};
-use crate::metrics::{Family, Gauges, Metrics, Series};
-use crate::probe::{ProbeClient, probe_client, probe_once};
+use crate::classify::{FailureCause, LocalKind, Outcome, ProbeResult};
+use crate::history::{History, Recent};
+use crate::metrics::{Gauges, Metrics, Series};
 use crate::{Error, Identity, ProbeConfig, Reachability, Remote, Result, Tracker};
 
-/// How many new probe connections may open a second, across every remote,
-/// after a burst of [`CONNECT_BURST`]: at 10,000 remotes the first probes
-/// take four seconds, not one burst of 10,000 TCP and TLS handshakes that
-/// starves the process (and the remotes' load balancers) at once. A kept
-/// connection opens once, so the pace only shows at start, after a reload
-/// that adds many remotes, and when many connections drop at once.
-const CONNECTS_PER_SECOND: u32 = 2_500;
-
-/// How many new connections may open at once before the pace applies: a
-/// handful of remotes are all probed at once.
-const CONNECT_BURST: u32 = 250;
+pub use self::check::{CheckRow, check};
+use self::pace::Pacer;
+use self::run::supervise_probe;
+pub use self::text::MetricChunks;
 
 /// How many transitions a slow subscriber may fall behind.
 const TRANSITION_BUFFER: usize = 1024;
@@ -132,17 +133,6 @@ pub struct RemoteStatus {
     /// [`HISTORY_WINDOW`](crate::HISTORY_WINDOW); the probes themselves are
     /// [`ProbeSetHandle::recent`].
     pub failed_recently: bool,
-}
-
-/// One row of [`check`]: a configured remote probed once.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CheckRow {
-    /// The configured name.
-    pub name: String,
-    /// `host:port`.
-    pub host: String,
-    /// What the probe found.
-    pub result: ProbeResult,
 }
 
 #[derive(Debug)]
@@ -265,41 +255,6 @@ pub type Recheck = Arc<
     dyn Fn(Vec<String>) -> futures_util::future::BoxFuture<'static, ()> + Send + Sync + 'static,
 >;
 
-/// How long a probe waits for a [`Recheck`] before it counts its failure.
-const RECHECK_WAIT: Duration = Duration::from_secs(2);
-
-/// Spaces out new connections: a generic cell rate algorithm, with every
-/// caller given its own slot, so waiting callers open one by one.
-#[derive(Debug)]
-struct Pacer {
-    /// When the next connection would be due if none had come early.
-    due: Mutex<Instant>,
-}
-
-impl Pacer {
-    fn new() -> Self {
-        Self {
-            due: Mutex::new(Instant::now()),
-        }
-    }
-
-    /// When the caller may open its connection: now, unless more than the
-    /// burst went ahead within the pace.
-    fn slot(&self) -> Instant {
-        let spacing = Duration::from_secs(1) / CONNECTS_PER_SECOND;
-        let now = Instant::now();
-        let mut due = self
-            .due
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let start = (*due).max(now);
-        *due = start + spacing;
-        // The first of a burst is due at `start`, its last `burst - 1`
-        // spacings later.
-        (start.checked_sub(spacing * (CONNECT_BURST - 1))).map_or(now, |at| at.max(now))
-    }
-}
-
 impl Inner {
     fn probes(&self) -> MutexGuard<'_, Probes> {
         self.probes
@@ -349,38 +304,6 @@ impl ProbeState {
             failures: self.last_probe.map(|_| self.tracker.consecutive_failures()),
             last_probe: self.last_probe.map(unix_seconds),
         }
-    }
-}
-
-fn local_error(kind: LocalKind, error: String) -> ProbeResult {
-    ProbeResult {
-        outcome: Outcome::LocalError { kind, error },
-        latency: Duration::ZERO,
-    }
-}
-
-fn jittered(interval: Duration, jitter: f64) -> Duration {
-    interval.mul_f64(1.0 + jitter * (2.0 * fastrand::f64() - 1.0))
-}
-
-/// The widest step of the grid ticks are moved to.
-const GRID: Duration = Duration::from_millis(20);
-
-/// `at`, moved to the nearest point of a grid that starts at `epoch`, with
-/// a step of one fiftieth of the interval and at most [`GRID`] (so by
-/// 10 ms at most). Thousands of remotes then wake the process a few dozen
-/// times a second, each wake-up sending a batch of probes whose answers
-/// come back together, instead of once or twice per probe. The jitter still
-/// spreads the ticks over the grid, and the mean interval is unchanged.
-fn on_grid(at: Instant, epoch: Instant, interval: Duration) -> Instant {
-    let step = (interval / 50).min(GRID).as_nanos().max(1);
-    let since = at.saturating_duration_since(epoch).as_nanos();
-    let past = since % step;
-    let nanos = |n: u128| Duration::from_nanos(u64::try_from(n).unwrap_or(0));
-    if past * 2 < step {
-        at - nanos(past)
-    } else {
-        at + nanos(step - past)
     }
 }
 
@@ -633,18 +556,14 @@ impl ProbeSetHandle {
     /// in the registry.
     #[must_use]
     pub fn metric_chunks(&self) -> MetricChunks {
-        MetricChunks {
-            probes: self
-                .inner
+        MetricChunks::new(
+            self.inner
                 .probes()
                 .by_identity
                 .values()
                 .map(|probe| Arc::clone(&probe.shared))
                 .collect(),
-            family: 0,
-            next: 0,
-            started: false,
-        }
+        )
     }
 
     /// Appends every configured remote's series to `out`: the
@@ -722,398 +641,14 @@ impl ProbeSetHandle {
     }
 }
 
-/// The probes' series as text, a piece at a time: see
-/// [`ProbeSetHandle::metric_chunks`].
-#[derive(Debug)]
-pub struct MetricChunks {
-    probes: Vec<Arc<Shared>>,
-    /// The family being written, as an index of [`Family::ALL`].
-    family: usize,
-    /// The next remote of it.
-    next: usize,
-    /// Whether its help and type lines are written.
-    started: bool,
-}
-
-/// The size a piece of [`MetricChunks`] reaches before it is handed on.
-const CHUNK: usize = 64 * 1024;
-
-impl Iterator for MetricChunks {
-    type Item = Vec<u8>;
-
-    fn next(&mut self) -> Option<Vec<u8>> {
-        let mut out = Vec::with_capacity(CHUNK + 4096);
-        while out.len() < CHUNK {
-            let Some(&family) = Family::ALL.get(self.family) else {
-                break;
-            };
-            let Some(shared) = self.probes.get(self.next) else {
-                (self.family, self.next, self.started) = (self.family + 1, 0, false);
-                continue;
-            };
-            self.next += 1;
-            let state = shared.lock();
-            let gauges = state.gauges();
-            for series in &state.names {
-                // A family is written with its first series, or not at all,
-                // as the registry leaves out a family without one.
-                let start = out.len();
-                if !self.started {
-                    family.header(&mut out);
-                }
-                let head = out.len();
-                family.series(&mut out, series, &shared.host, gauges);
-                if out.len() == head {
-                    out.truncate(start);
-                } else {
-                    self.started = true;
-                }
-            }
-        }
-        (!out.is_empty()).then_some(out)
-    }
-}
-
-/// Runs a probe loop, restarting it after a panic, until `stop`.
-async fn supervise_probe(inner: Arc<Inner>, shared: Arc<Shared>, stop: CancellationToken) {
-    loop {
-        let run = AssertUnwindSafe(probe_loop(&inner, &shared, &stop)).catch_unwind();
-        let Err(payload) = run.await else {
-            return;
-        };
-        let message = panic_message(payload.as_ref());
-        error!(panic = %message, "probe task panicked; restarting it after one interval");
-        inner.metrics.panics.inc();
-        shared.lock().panics += 1;
-        tokio::select! {
-            () = stop.cancelled() => return,
-            () = tokio::time::sleep(inner.config.interval) => {}
-        }
-    }
-}
-
-async fn probe_loop(inner: &Inner, shared: &Shared, stop: &CancellationToken) {
-    let config = &inner.config;
-    let mut client: Option<(u64, ProbeClient)> = None;
-    let mut building = None;
-    let mut next = Instant::now();
-    // At most one early probe between two regular ticks, whether the kept
-    // connection closed or a manager suspected the remote, so that neither
-    // can multiply the probes, and two failures a moment apart never count
-    // as a sustained outage on their own.
-    let mut early = false;
-    let mut may_probe_early = true;
-    // A suspicion makes the next probe, early or not, use a new connection.
-    let mut fresh = false;
-    loop {
-        let closed = async {
-            match client.as_mut() {
-                Some((_, client)) => client.closed().await,
-                None => std::future::pending().await,
-            }
-        };
-        let suspected = shared.suspected.notified();
-        tokio::select! {
-            biased;
-            () = stop.cancelled() => return,
-            () = tokio::time::sleep_until(next) => {}
-            () = suspected => {
-                fresh = true;
-                // Once the remote fails, every probe connects anew anyway: a
-                // suspicion then changes nothing, and must not hurry the
-                // failures toward the threshold.
-                let answering = shared.lock().tracker.consecutive_failures() == 0;
-                if may_probe_early && answering {
-                    next = Instant::now();
-                    early = true;
-                }
-                continue;
-            }
-            () = closed => {
-                // The remote closed the connection kept for probing, as a
-                // stopping apiserver does: probe now rather than at the next
-                // tick.
-                if may_probe_early {
-                    next = Instant::now();
-                    early = true;
-                }
-                continue;
-            }
-        }
-        may_probe_early = !early;
-        early = false;
-        let tick = Instant::now();
-        next = on_grid(
-            tick + jittered(config.interval, config.jitter),
-            inner.created,
-            config.interval,
-        );
-        let rebuild = {
-            let mut state = shared.lock();
-            state.last_tick = tick;
-            let generation = state.config_generation;
-            (client.as_ref().is_none_or(|(g, _)| *g != generation))
-                .then(|| (generation, state.config.clone()))
-        };
-        if let Some((generation, kube_config)) = rebuild {
-            // Boxed, as the probe below: the task keeps only what waits
-            // between probes.
-            let built = Box::pin(build(inner, shared, stop, &mut building, kube_config)).await;
-            match built {
-                Some(Ok(built)) => client = Some((generation, built)),
-                Some(Err(result)) => {
-                    record(inner, shared, result);
-                    continue;
-                }
-                None => return,
-            }
-        }
-        let (_, probe_client) = client.as_mut().expect("built above when missing or stale");
-        if std::mem::take(&mut fresh) {
-            probe_client.reset();
-        }
-        if probe_client.needs_connection() {
-            // The wait is the process's, not the remote's: it comes before
-            // the probe's deadline starts.
-            tokio::select! {
-                biased;
-                () = stop.cancelled() => return,
-                () = tokio::time::sleep_until(inner.connects.slot()) => {}
-            }
-        }
-        let result = tokio::select! {
-            biased;
-            () = stop.cancelled() => return,
-            result = Box::pin(probe_once(probe_client, &config.path, config.timeout, &config.unreachable_statuses)) => result,
-        };
-        if rotation_explains(&result) && rechecked(inner, shared, stop).await {
-            // The files changed under the probe: this failure says nothing
-            // of the remote. Probe again, now, with the new settings.
-            next = Instant::now();
-            continue;
-        }
-        record(inner, shared, result);
-    }
-}
-
-/// Whether rotated credentials could explain `result`: a TLS failure (a new
-/// CA, an expired client certificate) or a 401 (a rotated token), counted
-/// as reachable or, when `unreachableStatuses` lists it, not. A recheck of
-/// any listed status is a few `stat` calls: cheaper than telling them apart.
-fn rotation_explains(result: &ProbeResult) -> bool {
-    matches!(
-        result.outcome,
-        Outcome::Unreachable {
-            cause: FailureCause::Tls | FailureCause::Status,
-            ..
-        } | Outcome::Reachable { status: 401 }
-    )
-}
-
-/// Asks the [`Recheck`], if any, to re-read the probe's files, waiting at
-/// most [`RECHECK_WAIT`]; whether its settings changed meanwhile.
-async fn rechecked(inner: &Inner, shared: &Shared, stop: &CancellationToken) -> bool {
-    let Some(recheck) = inner.recheck.get() else {
-        return false;
-    };
-    let (generation, names) = {
-        let state = shared.lock();
-        let names = state.names.iter().map(|s| s.name.clone()).collect();
-        (state.config_generation, names)
-    };
-    tokio::select! {
-        biased;
-        () = stop.cancelled() => return false,
-        _ = tokio::time::timeout(RECHECK_WAIT, recheck(names)) => {}
-    }
-    shared.lock().config_generation != generation
-}
-
-/// Builds a remote's probe client from `kube_config`: the client, the local
-/// error that kept it from being built, or `None` if stopped meanwhile.
-///
-/// Building runs the exec credential plugin, if any: off the async workers,
-/// under its own deadline. The loop is alive while it waits, and keeps its
-/// heartbeat.
-async fn build(
-    inner: &Inner,
-    shared: &Shared,
-    stop: &CancellationToken,
-    building: &mut Option<credentials::Pending<Result<ProbeClient>>>,
-    kube_config: Arc<kube::Config>,
-) -> Option<Result<ProbeClient, ProbeResult>> {
-    let config = &inner.config;
-    let auth = &kube_config.auth_info;
-    let built = if auth.exec.is_none() && auth.auth_provider.is_none() {
-        // Nothing runs a program or calls out: a certificate and a token
-        // file read, built right here rather than on a thread of its own.
-        Ok(probe_client(&kube_config, config))
-    } else {
-        let probe_config = config.clone();
-        let building_now =
-            credentials::off_workers(building, move || probe_client(&kube_config, &probe_config));
-        tokio::pin!(building_now);
-        let mut beat = tokio::time::interval(config.interval);
-        loop {
-            tokio::select! {
-                biased;
-                () = stop.cancelled() => return None,
-                built = &mut building_now => break built,
-                _ = beat.tick() => shared.lock().last_tick = Instant::now(),
-            }
-        }
-    };
-    Some(match built {
-        Ok(Ok(built)) => Ok(built),
-        Ok(Err(err)) => Err(local_error(LocalKind::of(&err), root_cause(&err))),
-        Err(err) => Err(local_error(LocalKind::of(&err), err.to_string())),
-    })
-}
-
-/// Applies one probe result: state, metrics, logs and transitions.
-fn record(inner: &Inner, shared: &Shared, result: ProbeResult) {
-    let metrics = &inner.metrics;
-    let host = shared.host.as_str();
-    let mut state = shared.lock();
-    let now = Instant::now();
-    state.last_tick = now;
-    state.last_probe = Some(SystemTime::now());
-
-    if let Outcome::LocalError { kind, error } = &result.outcome {
-        metrics
-            .local_errors
-            .with_label_values(&[kind.as_str()])
-            .inc();
-        if state.local_error.as_ref() != Some(error) {
-            warn!(remotes = %state.names(), %host, %kind, %error, "cannot probe from here (local error); not counted toward reachability");
-        }
-        state.local_error = Some(error.clone());
-        return;
-    }
-    if state.local_error.take().is_some() {
-        info!(remotes = %state.names(), %host, "probing works again");
-    }
-
-    let reachable = matches!(result.outcome, Outcome::Reachable { .. });
-    if let Outcome::Unreachable { cause, error } = &result.outcome {
-        if state.tracker.state() == Reachability::Unreachable
-            && let Some(was) = state.last_cause
-            && was != *cause
-        {
-            info!(remotes = %state.names(), %host, from = %was, to = %cause, %error, "remote apiserver still unreachable; the cause changed");
-        }
-        state.last_cause = Some(*cause);
-        state.last_error = Some(error.clone());
-        state.last_failure = state.last_probe;
-    }
-    let seen = if !reachable {
-        Seen::Failed
-    } else if result.ready() {
-        Seen::Ready(result.latency)
-    } else {
-        Seen::NotReady(result.latency)
-    };
-    let from = state.tracker.state();
-    let changed = state.tracker.observe(reachable);
-    let lost = state.tracker.state() == Reachability::Unreachable;
-    state.history.record(now - inner.created, seen, lost);
-    let result_state = if reachable {
-        Reachability::Reachable
-    } else {
-        Reachability::Unreachable
-    };
-    let seconds = result.latency.as_secs_f64();
-    for series in &mut state.names {
-        series.observe(result_state, seconds);
-    }
-    state.last = Some(result);
-    let Some(to) = changed else {
-        return;
-    };
-    state.last_transition = Some(SystemTime::now());
-    let failures = state.tracker.consecutive_failures();
-    let error = (to == Reachability::Unreachable)
-        .then(|| state.last_error.clone())
-        .flatten();
-    if to == Reachability::Unreachable {
-        warn!(
-            remotes = %state.names(), %host, failures,
-            cause = %state.last_cause.map_or("unknown", FailureCause::as_str),
-            error = error.as_deref().unwrap_or(""),
-            "remote apiserver unreachable"
-        );
-    } else {
-        info!(remotes = %state.names(), %host, %from, %to, "remote apiserver reachable");
-    }
-    for series in &mut state.names {
-        series.transition(to);
-        // Nobody subscribed is fine.
-        let _ = inner.transitions.send(Transition {
-            remote: series.name.clone(),
-            host: host.to_owned(),
-            from,
-            to,
-            failures,
-            error: error.clone(),
-        });
-    }
-}
-
-/// Probes every remote once (each identity once), for `tether check`.
-///
-/// # Errors
-///
-/// As [`ProbeSet::sync`], for an invalid or duplicate remote.
-pub async fn check(remotes: &[Remote], config: &ProbeConfig) -> Result<Vec<CheckRow>> {
-    let mut groups: BTreeMap<Identity, Vec<&Remote>> = BTreeMap::new();
-    for remote in remotes {
-        let identity = Identity::of(&remote.config).map_err(|source| Error::Remote {
-            name: remote.name.clone(),
-            source: Box::new(source),
-        })?;
-        groups.entry(identity).or_default().push(remote);
-    }
-    let probes = groups.into_iter().map(|(identity, group)| async move {
-        let kube_config = Arc::clone(&group[0].config);
-        let probe_config = config.clone();
-        let built =
-            credentials::once_off_workers(move || probe_client(&kube_config, &probe_config)).await;
-        let result = match built {
-            Ok(Ok(mut client)) => {
-                probe_once(
-                    &mut client,
-                    &config.path,
-                    config.timeout,
-                    &config.unreachable_statuses,
-                )
-                .await
-            }
-            Ok(Err(err)) => local_error(LocalKind::of(&err), root_cause(&err)),
-            Err(err) => local_error(LocalKind::of(&err), err.to_string()),
-        };
-        group
-            .into_iter()
-            .map(|remote| CheckRow {
-                name: remote.name.clone(),
-                host: identity.host().to_owned(),
-                result: result.clone(),
-            })
-            .collect::<Vec<_>>()
-    });
-    let mut rows: Vec<CheckRow> = futures_util::future::join_all(probes)
-        .await
-        .into_iter()
-        .flatten()
-        .collect();
-    rows.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(rows)
-}
-
 #[cfg(test)]
 mod tests {
     use futures_util::StreamExt as _;
 
+    use super::pace::{CONNECT_BURST, CONNECTS_PER_SECOND, on_grid};
+    use super::text::CHUNK;
     use super::*;
+    use crate::metrics::Family;
 
     fn transition(from: Reachability, to: Reachability) -> Transition {
         Transition {
@@ -1172,13 +707,7 @@ mod tests {
                 Arc::new(shared)
             })
             .collect();
-        let chunks: Vec<Vec<u8>> = MetricChunks {
-            probes,
-            family: 0,
-            next: 0,
-            started: false,
-        }
-        .collect();
+        let chunks: Vec<Vec<u8>> = MetricChunks::new(probes).collect();
         assert!(chunks.len() > 1, "400 remotes' histograms fit in one piece");
         assert!(
             chunks.iter().all(|c| c.len() < CHUNK + 4096),

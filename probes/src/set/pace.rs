@@ -1,0 +1,76 @@
+//! When probes run and connect: ticks jittered and moved to a shared grid,
+//! and new connections paced across the set.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// How many new probe connections may open a second, across every remote,
+/// after a burst of [`CONNECT_BURST`]: at 10,000 remotes the first probes
+/// take four seconds, not one burst of 10,000 TCP and TLS handshakes that
+/// starves the process (and the remotes' load balancers) at once. A kept
+/// connection opens once, so the pace only shows at start, after a reload
+/// that adds many remotes, and when many connections drop at once.
+pub(super) const CONNECTS_PER_SECOND: u32 = 2_500;
+
+/// How many new connections may open at once before the pace applies: a
+/// handful of remotes are all probed at once.
+pub(super) const CONNECT_BURST: u32 = 250;
+
+/// Spaces out new connections: a generic cell rate algorithm, with every
+/// caller given its own slot, so waiting callers open one by one.
+#[derive(Debug)]
+pub(super) struct Pacer {
+    /// When the next connection would be due if none had come early.
+    due: Mutex<Instant>,
+}
+
+impl Pacer {
+    pub(super) fn new() -> Self {
+        Self {
+            due: Mutex::new(Instant::now()),
+        }
+    }
+
+    /// When the caller may open its connection: now, unless more than the
+    /// burst went ahead within the pace.
+    pub(super) fn slot(&self) -> Instant {
+        let spacing = Duration::from_secs(1) / CONNECTS_PER_SECOND;
+        let now = Instant::now();
+        let mut due = self
+            .due
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let start = (*due).max(now);
+        *due = start + spacing;
+        // The first of a burst is due at `start`, its last `burst - 1`
+        // spacings later.
+        (start.checked_sub(spacing * (CONNECT_BURST - 1))).map_or(now, |at| at.max(now))
+    }
+}
+
+pub(super) fn jittered(interval: Duration, jitter: f64) -> Duration {
+    interval.mul_f64(1.0 + jitter * (2.0 * fastrand::f64() - 1.0))
+}
+
+/// The widest step of the grid ticks are moved to.
+pub(super) const GRID: Duration = Duration::from_millis(20);
+
+/// `at`, moved to the nearest point of a grid that starts at `epoch`, with
+/// a step of one fiftieth of the interval and at most [`GRID`] (so by
+/// 10 ms at most). Thousands of remotes then wake the process a few dozen
+/// times a second, each wake-up sending a batch of probes whose answers
+/// come back together, instead of once or twice per probe. The jitter still
+/// spreads the ticks over the grid, and the mean interval is unchanged.
+pub(super) fn on_grid(at: Instant, epoch: Instant, interval: Duration) -> Instant {
+    let step = (interval / 50).min(GRID).as_nanos().max(1);
+    let since = at.saturating_duration_since(epoch).as_nanos();
+    let past = since % step;
+    let nanos = |n: u128| Duration::from_nanos(u64::try_from(n).unwrap_or(0));
+    if past * 2 < step {
+        at - nanos(past)
+    } else {
+        at + nanos(step - past)
+    }
+}
