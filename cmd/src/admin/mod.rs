@@ -29,7 +29,7 @@ use prometheus::{Encoder as _, IntGauge, Opts, Registry, TextEncoder};
 use tether_probes::ProbeSetHandle;
 use tether_supervisor::SupervisorHandle;
 
-pub use self::page::{ATTENTION_SHOWN, HEALTHY_SHOWN, Query, REFRESH, escape};
+pub use self::page::{ATTENTION_SHOWN, HEALTHY_SHOWN, Query, REFRESH};
 pub use self::readiness::Readiness;
 pub use self::server::{HEAD_TIMEOUT, Listener, MAX_CONNECTIONS, bind, serve};
 pub use self::view::{

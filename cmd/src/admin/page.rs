@@ -13,10 +13,14 @@
 //!   [`HEALTHY_SHOWN`] healthy ones, whatever the remote count, so the page
 //!   stays fast at 10,000 remotes; the filter reaches the rest.
 //! - Every text from outside (names, hosts, URLs, errors, commands) is
-//!   escaped.
+//!   escaped: the page is a maud template, checked when tether is built,
+//!   and maud escapes whatever it is given unless told it is markup (only
+//!   the inline CSS and script are).
 
 use std::fmt::Write as _;
 use std::time::Duration;
+
+use maud::{DOCTYPE, Markup, PreEscaped, html};
 
 use tether_probes::{BUCKET_WIDTH, Bucket, HISTORY_BUCKETS, HISTORY_WINDOW, Recent};
 use tether_supervisor::CauseKind;
@@ -58,39 +62,19 @@ impl Query {
     }
 }
 
-/// Escapes text for HTML content and double- or single-quoted attributes.
-#[must_use]
-pub fn escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
 fn secs(seconds: f64) -> Duration {
     Duration::from_secs_f64(seconds.max(0.0))
 }
 
 /// `<time>` for an event `seconds` ago, relative, with the moment in its
 /// title.
-fn ago(seconds: f64) -> String {
+fn ago(seconds: f64) -> Markup {
     let at = jiff::Timestamp::now()
         .checked_sub(jiff::SignedDuration::from_secs_f64(seconds.max(0.0)))
         .ok()
         .and_then(|t| t.round(jiff::Unit::Second).ok())
         .map_or_else(String::new, |t| t.to_string());
-    format!(
-        "<time datetime=\"{at}\" title=\"{at}\">{}</time>",
-        human::ago(secs(seconds))
-    )
+    html! { time datetime=(at) title=(at) { (human::ago(secs(seconds))) } }
 }
 
 const STYLE: &str = include_str!("page.css");
@@ -100,87 +84,54 @@ const SCRIPT: &str = include_str!("page.js");
 /// for the rows shown.
 #[must_use]
 pub(super) fn render(view: &StatusView, query: &Query, recent: &dyn Fn(&str) -> Recent) -> String {
-    let mut html = String::with_capacity(64 * 1024);
     let verdict = &view.verdict;
-    let _ = write!(
-        html,
-        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
-         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
-         <meta name=\"color-scheme\" content=\"light dark\">\
-         <title>{} · tether</title>\
-         <noscript><meta http-equiv=\"refresh\" content=\"{}\"></noscript>\
-         <style>{STYLE}</style></head><body data-refresh-seconds=\"{}\">",
-        verdict.state.headline(),
-        REFRESH.as_secs(),
-        REFRESH.as_secs(),
-    );
-    let _ = write!(
-        html,
-        "<div id=\"live\"><header><p id=\"verdict\" class=\"verdict {}\" role=\"status\">\
-         <span class=\"dot\" aria-hidden=\"true\"></span>{}</p>\
-         <p class=\"meta\">tether {} · rendered <time id=\"rendered\" datetime=\"{at}\">{at}</time> · \
-         refreshes every {}s · <a href=\"/status.json\">status.json</a> · <a href=\"/metrics\">metrics</a> · \
-         <a href=\"/readyz\">readyz</a> · <a href=\"/healthz\">healthz</a></p></header>",
-        verdict.state.as_str(),
-        escape(&verdict.text),
-        view.version,
-        REFRESH.as_secs(),
-        at = view.rendered_at,
-    );
-    write_remotes(&mut html, view, query, recent);
-    write_cycles(&mut html, view);
-    write_facts(&mut html, view);
-    let _ = writeln!(html, "</div><script>{SCRIPT}</script></body></html>");
-    html
+    let refresh = REFRESH.as_secs();
+    let page = html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                meta name="color-scheme" content="light dark";
+                title { (verdict.state.headline()) " · tether" }
+                noscript { meta http-equiv="refresh" content=(refresh); }
+                style { (PreEscaped(STYLE)) }
+            }
+            body data-refresh-seconds=(refresh) {
+                div #live {
+                    header {
+                        p #verdict class={ "verdict " (verdict.state.as_str()) } role="status" {
+                            span.dot aria-hidden="true" {}
+                            (verdict.text)
+                        }
+                        p.meta {
+                            "tether " (view.version) " · rendered "
+                            time #rendered datetime=(view.rendered_at) { (view.rendered_at) }
+                            " · refreshes every " (refresh) "s · "
+                            a href="/status.json" { "status.json" } " · "
+                            a href="/metrics" { "metrics" } " · "
+                            a href="/readyz" { "readyz" } " · "
+                            a href="/healthz" { "healthz" }
+                        }
+                    }
+                    (remotes(view, query, recent))
+                    (cycles(view))
+                    (facts(view))
+                }
+                script { (PreEscaped(SCRIPT)) }
+            }
+        }
+    };
+    let mut out = page.into_string();
+    out.push('\n');
+    out
 }
 
 /// The remotes: the filter, the legend, the ones needing attention, then
 /// the healthy ones folded away.
-fn write_remotes(
-    html: &mut String,
-    view: &StatusView,
-    query: &Query,
-    recent: &dyn Fn(&str) -> Recent,
-) {
+fn remotes(view: &StatusView, query: &Query, recent: &dyn Fn(&str) -> Recent) -> Markup {
     let c = &view.counts;
-    let _ = write!(
-        html,
-        "<section id=\"remotes\"><h2>Remotes <small>{} of {} reachable",
-        human::number(c.reachable as u64),
-        human::number(c.total as u64)
-    );
-    if c.unreachable > 0 {
-        let _ = write!(
-            html,
-            " · {} unreachable",
-            human::number(c.unreachable as u64)
-        );
-    }
     let filter = query.filter.as_deref().unwrap_or("");
-    let _ = write!(
-        html,
-        "</small></h2><form class=\"filter\" method=\"get\" action=\"/status\" role=\"search\">\
-         <label for=\"q\">Filter</label><input id=\"q\" name=\"q\" type=\"search\" value=\"{}\" \
-         placeholder=\"name or host\" autocomplete=\"off\"><button type=\"submit\">Filter</button>",
-        escape(filter)
-    );
-    if !filter.is_empty() {
-        html.push_str(" <a href=\"/status\">clear</a>");
-    }
-    html.push_str("</form>");
-    let _ = write!(
-        html,
-        "<p class=\"legend\">Last {} minutes, {} s a mark: \
-         <span class=\"swatch ok\"></span>answered 2xx \
-         <span class=\"swatch nr\"></span>answered, not ready \
-         <span class=\"swatch mix\"></span>some probes failed, not lost \
-         <span class=\"swatch down\"></span>unreachable (lost) \
-         <span class=\"swatch none\"></span>no probe; \
-         the line above the marks is the slowest answer in each.</p>",
-        HISTORY_WINDOW.as_secs() / 60,
-        BUCKET_WIDTH.as_secs(),
-    );
-
     let needle = filter.to_lowercase();
     let mut shown: Vec<&RemoteView> = view
         .remotes
@@ -196,53 +147,65 @@ fn write_remotes(
     shown.sort_by_key(|r| (r.attention, !r.required));
     let split = shown.partition_point(|r| r.attention != Attention::Healthy);
     let (attention, healthy) = shown.split_at(split);
-
-    if attention.is_empty() {
-        let _ = write!(
-            html,
-            "<p class=\"calm\">{}</p>",
-            if needle.is_empty() {
-                "No remote needs attention."
-            } else {
-                "No matching remote needs attention."
+    // The fold claims of the caches only what its rows show: synced
+    // while a cycle runs; none on a replica that stands by; between
+    // cycles, whatever the last one left.
+    let caches = match view.supervisor.phase {
+        "running" => "caches synced",
+        "standby" => "no caches here (this replica stands by)",
+        _ => "no cycle runs now",
+    };
+    html! {
+        section #remotes {
+            h2 {
+                "Remotes "
+                small {
+                    (human::number(c.reachable as u64)) " of " (human::number(c.total as u64)) " reachable"
+                    @if c.unreachable > 0 {
+                        " · " (human::number(c.unreachable as u64)) " unreachable"
+                    }
+                }
             }
-        );
-    } else {
-        let _ = write!(
-            html,
-            "<h3>Needing attention <small>{}</small></h3>",
-            human::number(attention.len() as u64)
-        );
-        write_table(html, attention, "attention", ATTENTION_SHOWN, recent, view);
+            form.filter method="get" action="/status" role="search" {
+                label for="q" { "Filter" }
+                input #q name="q" type="search" value=(filter) placeholder="name or host" autocomplete="off";
+                button type="submit" { "Filter" }
+                @if !filter.is_empty() {
+                    " " a href="/status" { "clear" }
+                }
+            }
+            p.legend {
+                "Last " (HISTORY_WINDOW.as_secs() / 60) " minutes, " (BUCKET_WIDTH.as_secs()) " s a mark: "
+                span.swatch.ok {} "answered 2xx "
+                span.swatch.nr {} "answered, not ready "
+                span.swatch.mix {} "some probes failed, not lost "
+                span.swatch.down {} "unreachable (lost) "
+                span.swatch.none {} "no probe; the line above the marks is the slowest answer in each."
+            }
+            @if attention.is_empty() {
+                p.calm {
+                    @if needle.is_empty() { "No remote needs attention." }
+                    @else { "No matching remote needs attention." }
+                }
+            } @else {
+                h3 { "Needing attention " small { (human::number(attention.len() as u64)) } }
+                (table(attention, "attention", ATTENTION_SHOWN, recent, view))
+            }
+            @if !healthy.is_empty() {
+                // Open by default when nothing else is shown.
+                details #healthy open[attention.is_empty()] {
+                    summary {
+                        (human::count(healthy.len() as u64, "remote", "remotes"))
+                        " healthy: reachable, ready, " (caches) ", no failed probe in 15 minutes"
+                    }
+                    (table(healthy, "healthy", HEALTHY_SHOWN, recent, view))
+                }
+            }
+            @if !needle.is_empty() && shown.is_empty() {
+                p.calm { "No remote's name or host contains “" (filter) "”." }
+            }
+        }
     }
-    if !healthy.is_empty() {
-        // Open by default when nothing else is shown.
-        let open = if attention.is_empty() { " open" } else { "" };
-        // The fold claims of the caches only what its rows show: synced
-        // while a cycle runs; none on a replica that stands by; between
-        // cycles, whatever the last one left.
-        let caches = match view.supervisor.phase {
-            "running" => "caches synced",
-            "standby" => "no caches here (this replica stands by)",
-            _ => "no cycle runs now",
-        };
-        let _ = write!(
-            html,
-            "<details id=\"healthy\"{open}><summary>{} healthy: reachable, ready, {caches}, \
-             no failed probe in 15 minutes</summary>",
-            human::count(healthy.len() as u64, "remote", "remotes")
-        );
-        write_table(html, healthy, "healthy", HEALTHY_SHOWN, recent, view);
-        html.push_str("</details>");
-    }
-    if !needle.is_empty() && shown.is_empty() {
-        let _ = write!(
-            html,
-            "<p class=\"calm\">No remote's name or host contains “{}”.</p>",
-            escape(filter)
-        );
-    }
-    html.push_str("</section>");
 }
 
 /// Whether this replica stands by (a follower, or a shard member holding
@@ -251,43 +214,41 @@ fn standing_by(view: &StatusView) -> bool {
     view.supervisor.phase == "standby"
 }
 
-fn write_table(
-    html: &mut String,
+fn table(
     rows: &[&RemoteView],
     id: &str,
     shown: usize,
     recent: &dyn Fn(&str) -> Recent,
     view: &StatusView,
-) {
-    let _ = write!(
-        html,
-        "<table class=\"remotes\" id=\"{id}-table\"><thead><tr><th>remote</th><th>state</th>\
-         <th>last 15 minutes <span class=\"axis\">15m ago → now</span></th><th>latency</th>\
-         <th>last failure</th><th>caches</th></tr></thead><tbody>"
-    );
-    for remote in rows.iter().take(shown) {
-        write_row(html, remote, &recent(&remote.name), standing_by(view));
-    }
-    html.push_str("</tbody></table>");
-    if rows.len() > shown {
-        let _ = write!(
-            html,
-            "<p class=\"more\">Showing {shown} of {}: filter by name or host to see the others.</p>",
-            human::number(rows.len() as u64)
-        );
+) -> Markup {
+    html! {
+        table.remotes id={ (id) "-table" } {
+            thead {
+                tr {
+                    th { "remote" }
+                    th { "state" }
+                    th { "last 15 minutes " span.axis { "15m ago → now" } }
+                    th { "latency" }
+                    th { "last failure" }
+                    th { "caches" }
+                }
+            }
+            tbody {
+                @for remote in rows.iter().take(shown) {
+                    (row(remote, &recent(&remote.name), standing_by(view)))
+                }
+            }
+        }
+        @if rows.len() > shown {
+            p.more {
+                "Showing " (shown) " of " (human::number(rows.len() as u64))
+                ": filter by name or host to see the others."
+            }
+        }
     }
 }
 
-fn write_row(html: &mut String, r: &RemoteView, recent: &Recent, standing_by: bool) {
-    let name = escape(&r.name);
-    let host = escape(&r.host);
-    let _ = write!(
-        html,
-        "<tr data-name=\"{name}\" data-host=\"{host}\" class=\"{}\"><td><strong>{name}</strong>\
-         <div class=\"sub\">{host} · {}</div></td>",
-        r.attention.as_str(),
-        if r.required { "required" } else { "optional" },
-    );
+fn row(r: &RemoteView, recent: &Recent, standing_by: bool) -> Markup {
     // The state, and since when.
     let since = match (r.attention, r.last_transition_seconds_ago) {
         (Attention::Unreachable, Some(s)) => format!(
@@ -305,68 +266,57 @@ fn write_row(html: &mut String, r: &RemoteView, recent: &Recent, standing_by: bo
         (_, Some(s)) => format!("{} for {}", r.state, human::span(secs(s))),
         (_, None) => String::new(),
     };
-    let _ = write!(
-        html,
-        "<td><span class=\"badge {}\">{}</span><div class=\"sub\">{since}</div>",
-        r.attention.as_str(),
-        r.attention.words(),
-    );
-    if r.stopped_in_cycle {
-        html.push_str("<div class=\"sub\">its watches are stopped until it is back</div>");
-    }
-    html.push_str("</td><td>");
-    write_strip(html, &r.name, recent);
     let slowest = recent.buckets.iter().map(|b| b.slowest_ms).max();
-    let _ = write!(
-        html,
-        "</td><td class=\"num\">{}<div class=\"sub\">{}</div></td>",
-        r.latency_seconds
-            .filter(|_| r.attention != Attention::Unreachable)
-            .map_or_else(|| "—".to_owned(), |l| human::latency(secs(l))),
-        slowest
-            .filter(|ms| *ms > 0)
-            .map_or_else(String::new, |ms| format!("slowest {ms} ms")),
-    );
-    // The last failure, stamped; faded once the remote is reachable again.
-    html.push_str("<td class=\"error\">");
-    if let Some(local) = &r.local_error {
-        let _ = write!(
-            html,
-            "<span class=\"now\">cannot probe from here: {}</span>",
-            escape(local)
-        );
-    } else if let Some(error) = &r.last_error {
-        let class = if r.attention == Attention::Unreachable {
-            "now"
-        } else {
-            "past"
-        };
-        let _ = write!(
-            html,
-            "<span class=\"{class}\">{}: {}</span>",
-            r.last_cause.unwrap_or("failed"),
-            escape(error)
-        );
-        if let Some(s) = r.last_failure_seconds_ago {
-            let _ = write!(html, "<div class=\"sub\">{}</div>", ago(s));
+    let latency = r
+        .latency_seconds
+        .filter(|_| r.attention != Attention::Unreachable)
+        .map_or_else(|| "—".to_owned(), |l| human::latency(secs(l)));
+    let slowest = slowest
+        .filter(|ms| *ms > 0)
+        .map_or_else(String::new, |ms| format!("slowest {ms} ms"));
+    html! {
+        tr data-name=(r.name) data-host=(r.host) class=(r.attention.as_str()) {
+            td {
+                strong { (r.name) }
+                div.sub { (r.host) " · " (if r.required { "required" } else { "optional" }) }
+            }
+            td {
+                span class={ "badge " (r.attention.as_str()) } { (r.attention.words()) }
+                div.sub { (since) }
+                @if r.stopped_in_cycle {
+                    div.sub { "its watches are stopped until it is back" }
+                }
+            }
+            td { (strip(&r.name, recent)) }
+            td.num { (latency) div.sub { (slowest) } }
+            // The last failure, stamped; faded once the remote is
+            // reachable again.
+            td.error {
+                @if let Some(local) = &r.local_error {
+                    span.now { "cannot probe from here: " (local) }
+                } @else if let Some(error) = &r.last_error {
+                    span class=(if r.attention == Attention::Unreachable { "now" } else { "past" }) {
+                        (r.last_cause.unwrap_or("failed")) ": " (error)
+                    }
+                    @if let Some(s) = r.last_failure_seconds_ago {
+                        div.sub { (ago(s)) }
+                    }
+                } @else {
+                    "—"
+                }
+            }
+            td { (caches(r, standing_by)) }
         }
-    } else {
-        html.push('—');
     }
-    html.push_str("</td><td>");
-    write_caches(html, r, standing_by);
-    html.push_str("</td></tr>");
 }
 
-fn write_caches(html: &mut String, r: &RemoteView, standing_by: bool) {
+fn caches(r: &RemoteView, standing_by: bool) -> Markup {
     if standing_by {
         // No manager runs here: its caches are the leader's.
-        html.push_str("—<div class=\"sub\">none here: this replica stands by</div>");
-        return;
+        return html! { "—" div.sub { "none here: this replica stands by" } };
     }
     if r.caches.is_empty() {
-        html.push('—');
-        return;
+        return html! { "—" };
     }
     let synced = r.caches.iter().filter(|c| c.synced && !c.stale).count();
     let objects: usize = r.caches.iter().map(|c| c.objects).sum();
@@ -376,26 +326,22 @@ fn write_caches(html: &mut String, r: &RemoteView, standing_by: bool) {
     } else {
         ", not current"
     };
-    let _ = write!(
-        html,
-        "{synced} of {} synced<div class=\"sub\">{}{current}</div>",
-        r.caches.len(),
-        human::count(objects as u64, "object", "objects")
-    );
-    for cache in r.caches.iter().filter(|c| !c.synced || c.stale) {
-        let how = if cache.stale {
-            let since = cache.failing_seconds_ago.map_or_else(String::new, |s| {
-                format!(", failing since {}", human::ago(secs(s)))
-            });
-            format!("stale: its watch keeps failing{since}")
-        } else {
-            "not synced".to_owned()
-        };
-        let _ = write!(
-            html,
-            "<div class=\"sub warn\">{}: {how}</div>",
-            escape(&cache.resource)
-        );
+    html! {
+        (synced) " of " (r.caches.len()) " synced"
+        div.sub { (human::count(objects as u64, "object", "objects")) (current) }
+        @for cache in r.caches.iter().filter(|c| !c.synced || c.stale) {
+            div.sub.warn {
+                (cache.resource) ": "
+                @if cache.stale {
+                    "stale: its watch keeps failing"
+                    @if let Some(s) = cache.failing_seconds_ago {
+                        ", failing since " (human::ago(secs(s)))
+                    }
+                } @else {
+                    "not synced"
+                }
+            }
+        }
     }
 }
 
@@ -422,26 +368,10 @@ const LATENCY_TOP_MS: u16 = 250;
 const LINE: usize = 12;
 const MARKS: usize = 10;
 
-/// The remote's last 15 minutes: marks of reachability, runs of one kind
-/// drawn as one rect, and the slowest answer of each mark as a line.
-fn write_strip(html: &mut String, name: &str, recent: &Recent) {
-    let buckets = &recent.buckets;
-    let width = HISTORY_BUCKETS * MARK;
-    let answered = buckets.iter().filter(|b| b.answered()).count();
-    let failed = buckets.iter().filter(|b| b.failed > 0).count();
-    let slowest = buckets.iter().map(|b| b.slowest_ms).max().unwrap_or(0);
-    let label = format!(
-        "{}: last {} minutes, {answered} of {HISTORY_BUCKETS} marks answered, {failed} with failed probes; slowest answer {slowest} ms",
-        escape(name),
-        HISTORY_WINDOW.as_secs() / 60,
-    );
-    let _ = write!(
-        html,
-        "<svg class=\"strip\" width=\"{width}\" height=\"{h}\" viewBox=\"0 0 {width} {h}\" role=\"img\" \
-         aria-label=\"{label}\"><title>{label}</title><rect class=\"track\" x=\"0\" y=\"{y}\" width=\"{width}\" height=\"{MARKS}\"/>",
-        h = LINE + 2 + MARKS,
-        y = LINE + 2,
-    );
+/// The marks of `buckets`: each run of one kind as `(kind, first, past
+/// the last)`, runs without a probe left out.
+fn runs(buckets: &[Bucket]) -> Vec<(&'static str, usize, usize)> {
+    let mut runs = Vec::new();
     let mut start = 0;
     while start < buckets.len() {
         let kind = mark(buckets[start]);
@@ -451,84 +381,111 @@ fn write_strip(html: &mut String, name: &str, recent: &Recent) {
                 .take_while(|b| mark(**b) == kind)
                 .count();
         if kind != "none" {
-            let _ = write!(
-                html,
-                "<rect class=\"{kind}\" x=\"{}\" y=\"{}\" width=\"{}\" height=\"{MARKS}\"/>",
-                start * MARK,
-                LINE + 2,
-                (end - start) * MARK - usize::from(end < buckets.len() && kind != "ok"),
-            );
+            runs.push((kind, start, end));
         }
         start = end;
     }
-    if slowest > 0 {
-        let mut path = String::new();
-        let mut pen_down = false;
-        for (i, b) in buckets.iter().enumerate() {
-            if !b.answered() {
-                pen_down = false;
-                continue;
-            }
-            let x = i * MARK + MARK / 2;
-            let lane = LINE as f64;
-            let top = slowest.max(LATENCY_TOP_MS);
-            let y = lane - (lane - 1.0) * f64::from(b.slowest_ms) / f64::from(top);
-            // A run's first point is a dot (round caps), so a lone answer
-            // between gaps still shows.
-            let _ = if pen_down {
-                write!(path, " L{x} {y:.1}")
-            } else {
-                write!(path, " M{x} {y:.1} h0.1")
-            };
-            pen_down = true;
+    runs
+}
+
+/// The latency line's path: the slowest answer of each mark, scaled so
+/// `slowest` (or [`LATENCY_TOP_MS`]) is the top; a run's first point is a
+/// dot (round caps), so a lone answer between gaps still shows.
+fn latency_path(buckets: &[Bucket], slowest: u16) -> String {
+    let mut path = String::new();
+    let mut pen_down = false;
+    for (i, b) in buckets.iter().enumerate() {
+        if !b.answered() {
+            pen_down = false;
+            continue;
         }
-        let _ = write!(
-            html,
-            "<path class=\"latency\" d=\"{}\"/>",
-            path.trim_start()
-        );
+        let x = i * MARK + MARK / 2;
+        let lane = LINE as f64;
+        let top = slowest.max(LATENCY_TOP_MS);
+        let y = lane - (lane - 1.0) * f64::from(b.slowest_ms) / f64::from(top);
+        let _ = if pen_down {
+            write!(path, " L{x} {y:.1}")
+        } else {
+            write!(path, " M{x} {y:.1} h0.1")
+        };
+        pen_down = true;
     }
-    html.push_str("</svg>");
+    path.trim_start().to_owned()
+}
+
+/// The remote's last 15 minutes: marks of reachability, runs of one kind
+/// drawn as one rect, and the slowest answer of each mark as a line.
+fn strip(name: &str, recent: &Recent) -> Markup {
+    let buckets = &recent.buckets;
+    let width = HISTORY_BUCKETS * MARK;
+    let height = LINE + 2 + MARKS;
+    let answered = buckets.iter().filter(|b| b.answered()).count();
+    let failed = buckets.iter().filter(|b| b.failed > 0).count();
+    let slowest = buckets.iter().map(|b| b.slowest_ms).max().unwrap_or(0);
+    let label = format!(
+        "{name}: last {} minutes, {answered} of {HISTORY_BUCKETS} marks answered, {failed} with failed probes; slowest answer {slowest} ms",
+        HISTORY_WINDOW.as_secs() / 60,
+    );
+    html! {
+        svg.strip width=(width) height=(height) viewBox={ "0 0 " (width) " " (height) } role="img" aria-label=(label) {
+            title { (label) }
+            rect.track x="0" y=(LINE + 2) width=(width) height=(MARKS) {}
+            @for (kind, start, end) in runs(buckets) {
+                rect class=(kind) x=(start * MARK) y=(LINE + 2)
+                    width=((end - start) * MARK - usize::from(end < buckets.len() && kind != "ok"))
+                    height=(MARKS) {}
+            }
+            @if slowest > 0 {
+                path.latency d=(latency_path(buckets, slowest)) {}
+            }
+        }
+    }
 }
 
 /// The cycles: a timeline over the same 15 minutes as the strips, then a
 /// table, newest first.
-fn write_cycles(html: &mut String, view: &StatusView) {
+fn cycles(view: &StatusView) -> Markup {
     let s = &view.supervisor;
-    let _ = write!(
-        html,
-        "<section id=\"cycles\"><h2>Cycles <small>cycle {} · {}</small></h2>",
-        s.cycle, s.phase
-    );
-    if s.cycles.is_empty() {
-        html.push_str("<p class=\"calm\">No cycle has started yet.</p></section>");
-        return;
+    html! {
+        section #cycles {
+            h2 { "Cycles " small { "cycle " (s.cycle) " · " (s.phase) } }
+            @if s.cycles.is_empty() {
+                p.calm { "No cycle has started yet." }
+            } @else {
+                (timeline(&s.cycles, s.manager_up))
+                table.cycles {
+                    thead {
+                        tr {
+                            th { "cycle" } th { "started" } th { "lived" }
+                            th { "ended by" } th { "then waited" }
+                        }
+                    }
+                    tbody {
+                        @for c in &s.cycles {
+                            tr class=(cycle_class(c, s.manager_up)) {
+                                td { (c.number) }
+                                td { (ago(c.started_seconds_ago)) }
+                                td {
+                                    (human::span(secs(c.ended_seconds_ago
+                                        .map_or(c.started_seconds_ago, |e| c.started_seconds_ago - e))))
+                                }
+                                td {
+                                    @match (&c.ended_by, c.ended_seconds_ago) {
+                                        (Some(by), Some(at)) => { (by) " · " (ago(at)) }
+                                        _ => { "running" }
+                                    }
+                                }
+                                td {
+                                    (c.backoff_seconds
+                                        .map_or_else(|| "—".to_owned(), |b| human::span(secs(b))))
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
-    write_timeline(html, &s.cycles, s.manager_up);
-    html.push_str(
-        "<table class=\"cycles\"><thead><tr><th>cycle</th><th>started</th><th>lived</th>\
-         <th>ended by</th><th>then waited</th></tr></thead><tbody>",
-    );
-    for c in &s.cycles {
-        let lived = c
-            .ended_seconds_ago
-            .map_or(c.started_seconds_ago, |e| c.started_seconds_ago - e);
-        let ended = match (&c.ended_by, c.ended_seconds_ago) {
-            (Some(by), Some(at)) => format!("{} · {}", escape(by), ago(at)),
-            _ => "running".to_owned(),
-        };
-        let _ = write!(
-            html,
-            "<tr class=\"{}\"><td>{}</td><td>{}</td><td>{}</td><td>{ended}</td><td>{}</td></tr>",
-            cycle_class(c, s.manager_up),
-            c.number,
-            ago(c.started_seconds_ago),
-            human::span(secs(lived)),
-            c.backoff_seconds
-                .map_or_else(|| "—".to_owned(), |b| human::span(secs(b))),
-        );
-    }
-    html.push_str("</tbody></table></section>");
 }
 
 /// A cycle's colour: how it ended, or whether it is up.
@@ -556,7 +513,7 @@ fn cycle_class(c: &CycleView, up: bool) -> &'static str {
 /// The cycles over the time since the oldest one shown started: a minute
 /// at least, [`HISTORY_WINDOW`] at most, so a young process's cycles are
 /// not a sliver at the edge.
-fn write_timeline(html: &mut String, cycles: &[CycleView], up: bool) {
+fn timeline(cycles: &[CycleView], up: bool) -> Markup {
     const WIDTH: f64 = 900.0;
     let oldest = cycles
         .iter()
@@ -569,223 +526,173 @@ fn write_timeline(html: &mut String, cycles: &[CycleView], up: bool) {
         human::count(cycles.len() as u64, "cycle", "cycles"),
         human::span(secs(window))
     );
-    let _ = write!(
-        html,
-        "<svg class=\"timeline\" viewBox=\"0 0 {WIDTH} 26\" preserveAspectRatio=\"none\" role=\"img\" \
-         aria-label=\"{label}\"><title>{label}</title>"
-    );
-    for c in cycles {
-        if c.ended_seconds_ago.is_some_and(|e| e >= window) {
-            continue;
+    let shown = cycles
+        .iter()
+        .filter(|c| c.ended_seconds_ago.is_none_or(|e| e < window));
+    html! {
+        svg.timeline viewBox={ "0 0 " (WIDTH) " 26" } preserveAspectRatio="none" role="img" aria-label=(label) {
+            title { (label) }
+            @for c in shown {
+                @let x0 = x(c.started_seconds_ago);
+                @let x1 = x(c.ended_seconds_ago.unwrap_or(0.0));
+                rect class=(cycle_class(c, up)) x=(format!("{x0:.1}")) y="4"
+                    width=(format!("{:.1}", (x1 - x0).max(1.5))) height="18" {
+                    title {
+                        @match (&c.ended_by, c.ended_seconds_ago) {
+                            (Some(by), Some(at)) => {
+                                "cycle " (c.number) ": lived " (human::span(secs(c.started_seconds_ago - at)))
+                                ", ended by " (by) " " (human::ago(secs(at)))
+                            }
+                            _ => {
+                                "cycle " (c.number) ": running for " (human::span(secs(c.started_seconds_ago)))
+                            }
+                        }
+                    }
+                }
+                @if let (Some(backoff), Some(at)) = (c.backoff_seconds, c.ended_seconds_ago) {
+                    @let x2 = x((at - backoff).max(0.0));
+                    rect.backoff x=(format!("{x1:.1}")) y="9" width=(format!("{:.1}", (x2 - x1).max(1.0))) height="8" {
+                        title { "backoff " (human::span(secs(backoff))) }
+                    }
+                }
+            }
         }
-        let x0 = x(c.started_seconds_ago);
-        let x1 = x(c.ended_seconds_ago.unwrap_or(0.0));
-        let title = match (&c.ended_by, c.ended_seconds_ago) {
-            (Some(by), Some(at)) => format!(
-                "cycle {}: lived {}, ended by {} {}",
-                c.number,
-                human::span(secs(c.started_seconds_ago - at)),
-                escape(by),
-                human::ago(secs(at)),
-            ),
-            _ => format!(
-                "cycle {}: running for {}",
-                c.number,
-                human::span(secs(c.started_seconds_ago))
-            ),
-        };
-        let _ = write!(
-            html,
-            "<rect class=\"{}\" x=\"{x0:.1}\" y=\"4\" width=\"{:.1}\" height=\"18\"><title>{title}</title></rect>",
-            cycle_class(c, up),
-            (x1 - x0).max(1.5),
-        );
-        if let (Some(backoff), Some(at)) = (c.backoff_seconds, c.ended_seconds_ago) {
-            let x2 = x((at - backoff).max(0.0));
-            let _ = write!(
-                html,
-                "<rect class=\"backoff\" x=\"{x1:.1}\" y=\"9\" width=\"{:.1}\" height=\"8\"><title>backoff {}</title></rect>",
-                (x2 - x1).max(1.0),
-                human::span(secs(backoff)),
-            );
+        // The axis in HTML: the SVG stretches to the page's width, and
+        // text in it would stretch with it.
+        div.axis-row {
+            span { (human::span(secs(window))) " ago" }
+            span.legend {
+                span.swatch.run {} "up "
+                span.swatch.wait {} "not up yet "
+                span.swatch.down {} "ended by a lost remote "
+                span.swatch.info {} "ended by a recovery, new config or shutdown "
+                span.swatch.mix {} "ended by a manager failure "
+                span.swatch.backoff {} "backoff"
+            }
+            span { "now" }
         }
     }
-    // The axis in HTML: the SVG stretches to the page's width, and text
-    // in it would stretch with it.
-    let _ = write!(
-        html,
-        "</svg><div class=\"axis-row\"><span>{} ago</span><span class=\"legend\">\
-         <span class=\"swatch run\"></span>up <span class=\"swatch wait\"></span>not up yet \
-         <span class=\"swatch down\"></span>ended by a lost remote \
-         <span class=\"swatch info\"></span>ended by a recovery, new config or shutdown \
-         <span class=\"swatch mix\"></span>ended by a manager failure \
-         <span class=\"swatch backoff\"></span>backoff</span><span>now</span></div>",
-        human::span(secs(window)),
-    );
+}
+
+/// One fact: a term and what it is.
+fn fact(term: &str, value: impl maud::Render) -> Markup {
+    html! { dt { (term) } dd { (value) } }
 }
 
 /// The supervisor, the manager process and the election, as facts.
-fn write_facts(html: &mut String, view: &StatusView) {
+fn facts(view: &StatusView) -> Markup {
     let s = &view.supervisor;
-    html.push_str("<section id=\"facts\"><h2>Details</h2><dl>");
-    let mut fact = |term: &str, value: String| {
-        let _ = write!(html, "<dt>{term}</dt><dd>{value}</dd>");
-    };
-    fact("supervisor", format!("cycle {} · {}", s.cycle, s.phase));
-    if let Some(age) = s.cycle_age_seconds {
-        fact("cycle started", ago(age));
-    }
-    fact(
-        "manager",
-        s.up_for_seconds.map_or_else(
-            || "not up".to_owned(),
-            |up| format!("up for {}", human::span(secs(up))),
-        ),
-    );
-    if let Some(backoff) = s.backoff_seconds {
-        fact("backoff", human::span(secs(backoff)));
-    }
     let ended: Vec<String> = s
         .ended
         .iter()
         .filter(|(_, n)| **n > 0)
         .map(|(cause, n)| format!("{cause} {n}"))
         .collect();
-    fact(
-        "cycles ended",
-        if ended.is_empty() {
-            "none yet".to_owned()
-        } else {
-            ended.join(" · ")
-        },
-    );
-    fact(
-        "draining",
-        if view.draining { "yes" } else { "no" }.to_owned(),
-    );
-    if let Some(p) = &view.process {
-        process_facts(&mut fact, p);
+    html! {
+        section #facts {
+            h2 { "Details" }
+            dl {
+                (fact("supervisor", format!("cycle {} · {}", s.cycle, s.phase)))
+                @if let Some(age) = s.cycle_age_seconds {
+                    (fact("cycle started", ago(age)))
+                }
+                (fact("manager", s.up_for_seconds.map_or_else(
+                    || "not up".to_owned(),
+                    |up| format!("up for {}", human::span(secs(up))),
+                )))
+                @if let Some(backoff) = s.backoff_seconds {
+                    (fact("backoff", human::span(secs(backoff))))
+                }
+                (fact("cycles ended", if ended.is_empty() { "none yet".to_owned() } else { ended.join(" · ") }))
+                (fact("draining", if view.draining { "yes" } else { "no" }))
+                @if let Some(p) = &view.process { (process_facts(p)) }
+                @if let Some(e) = &view.election { (election_facts(e)) }
+                @if let Some(shard) = &view.shard { (shard_facts(shard)) }
+            }
+        }
     }
-    if let Some(e) = &view.election {
-        election_facts(&mut fact, e);
-    }
-    if let Some(shard) = &view.shard {
-        shard_facts(&mut fact, shard);
-    }
-    html.push_str("</dl></section>");
 }
 
 /// The exec manager's process, as facts.
-fn process_facts(fact: &mut impl FnMut(&str, String), p: &ProcessView) {
-    fact(
-        "manager process",
-        format!("<code>{}</code>", escape(&human::command(&p.command))),
-    );
-    fact(
-        "process",
-        match (p.pid, p.running_seconds) {
-            (Some(pid), Some(run)) => {
-                format!("pid {pid}, running for {}", human::span(secs(run)))
-            }
-            (Some(pid), None) => format!("pid {pid}"),
-            _ => "not running".to_owned(),
-        },
-    );
-    if let Some(check) = &p.readiness_check {
-        fact("readiness check", escape(check));
-    }
-    if let (Some(how), Some(at)) = (&p.last_exit, p.last_exit_seconds_ago) {
-        let by = if p.last_exit_stopped == Some(true) {
-            "stopped by tether"
-        } else {
-            "ended by itself"
-        };
-        fact(
-            "last exit",
-            format!(
-                "{} ({by}, cycle {}) · {}",
-                escape(how),
-                p.last_exit_cycle.unwrap_or_default(),
-                ago(at)
-            ),
-        );
-    }
-    if let Some(err) = &p.spawn_error {
-        fact(
-            "spawn error",
-            format!("<span class=\"now\">{}</span>", escape(err)),
-        );
+fn process_facts(p: &ProcessView) -> Markup {
+    let process = match (p.pid, p.running_seconds) {
+        (Some(pid), Some(run)) => format!("pid {pid}, running for {}", human::span(secs(run))),
+        (Some(pid), None) => format!("pid {pid}"),
+        _ => "not running".to_owned(),
+    };
+    let by = if p.last_exit_stopped == Some(true) {
+        "stopped by tether"
+    } else {
+        "ended by itself"
+    };
+    html! {
+        (fact("manager process", html! { code { (human::command(&p.command)) } }))
+        (fact("process", process))
+        @if let Some(check) = &p.readiness_check {
+            (fact("readiness check", check))
+        }
+        @if let (Some(how), Some(at)) = (&p.last_exit, p.last_exit_seconds_ago) {
+            (fact("last exit", html! {
+                (how) " (" (by) ", cycle " (p.last_exit_cycle.unwrap_or_default()) ") · " (ago(at))
+            }))
+        }
+        @if let Some(err) = &p.spawn_error {
+            (fact("spawn error", html! { span.now { (err) } }))
+        }
     }
 }
 
 /// The leader election, as facts.
-fn election_facts(fact: &mut impl FnMut(&str, String), e: &ElectionView) {
-    fact("role", e.role.as_str().to_owned());
-    fact("this replica", escape(&e.identity));
-    fact(
-        "leader",
-        if e.holder.is_empty() {
-            "none".to_owned()
-        } else {
-            escape(&e.holder)
-        },
-    );
-    fact("lease", escape(&e.lease));
-    if e.twin {
-        fact(
-            "identity clash",
-            "<span class=\"now\">another process writes the Lease under this replica's identity</span>".to_owned(),
-        );
-    }
-    if let Some(err) = &e.last_error {
-        fact(
-            "lease error",
-            format!("<span class=\"now\">{}</span>", escape(err)),
-        );
+fn election_facts(e: &ElectionView) -> Markup {
+    html! {
+        (fact("role", e.role.as_str()))
+        (fact("this replica", &e.identity))
+        (fact("leader", if e.holder.is_empty() { "none" } else { e.holder.as_str() }))
+        (fact("lease", &e.lease))
+        @if e.twin {
+            (fact("identity clash", html! {
+                span.now { "another process writes the Lease under this replica's identity" }
+            }))
+        }
+        @if let Some(err) = &e.last_error {
+            (fact("lease error", html! { span.now { (err) } }))
+        }
     }
 }
 
 /// This replica among the shards, as facts.
-fn shard_facts(fact: &mut impl FnMut(&str, String), shard: &ShardView) {
-    fact("shard group", escape(&shard.group));
-    fact("this replica", escape(&shard.identity));
-    fact("members", escape(&shard.members.join(", ")));
-    fact(
-        "holds",
+fn shard_facts(shard: &ShardView) -> Markup {
+    let waiting = if shard.waiting.is_empty() {
+        String::new()
+    } else {
         format!(
-            "{} of {}{}",
+            "; {} more once another member gives them up",
+            human::number(shard.waiting.len() as u64)
+        )
+    };
+    html! {
+        (fact("shard group", &shard.group))
+        (fact("this replica", &shard.identity))
+        (fact("members", shard.members.join(", ")))
+        (fact("holds", format!(
+            "{} of {}{waiting}",
             human::number(shard.owned.len() as u64),
             human::count(shard.configured as u64, "remote", "remotes"),
-            if shard.waiting.is_empty() {
-                String::new()
-            } else {
-                format!(
-                    "; {} more once another member gives them up",
-                    human::number(shard.waiting.len() as u64)
-                )
-            }
-        ),
-    );
-    if let Some(left) = shard.joining_seconds {
-        fact(
-            "joining",
-            format!(
+        )))
+        @if let Some(left) = shard.joining_seconds {
+            (fact("joining", format!(
                 "takes its share in {}",
                 human::span(std::time::Duration::from_secs_f64(left))
-            ),
-        );
-    }
-    if shard.twin {
-        fact(
-            "identity clash",
-            "<span class=\"now\">another process writes this replica's shard Lease under its identity</span>".to_owned(),
-        );
-    }
-    if let Some(err) = &shard.last_error {
-        fact(
-            "shard error",
-            format!("<span class=\"now\">{}</span>", escape(err)),
-        );
+            )))
+        }
+        @if shard.twin {
+            (fact("identity clash", html! {
+                span.now { "another process writes this replica's shard Lease under its identity" }
+            }))
+        }
+        @if let Some(err) = &shard.last_error {
+            (fact("shard error", html! { span.now { (err) } }))
+        }
     }
 }
 
@@ -795,9 +702,12 @@ mod tests {
 
     #[test]
     fn text_from_outside_cannot_become_markup() {
-        assert_eq!(
-            escape("<script>alert('x')</script> & \"q\""),
-            "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt; &amp; &quot;q&quot;"
+        let hostile = "<script>alert('x')</script> & \"q\"";
+        let markup = fact(hostile, hostile).into_string();
+        assert!(!markup.contains("<script"), "{markup}");
+        assert!(
+            markup.contains("&lt;script&gt;alert('x')&lt;/script&gt; &amp; &quot;q&quot;"),
+            "{markup}"
         );
     }
 
