@@ -25,107 +25,102 @@ use tether_supervisor::{Supervisor, SupervisorConfig};
 const REMOTES: usize = 10_000;
 const ROUNDS: usize = 20;
 
-fn main() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    runtime.block_on(async {
-        let registry = Registry::new();
-        let probe = ProbeConfig::default()
-            .with_interval(Duration::from_secs(3600))
-            .with_timeout(Duration::from_secs(1));
-        let probes = ProbeSet::new(probe.clone(), &registry).expect("probes");
-        // Port 1 on loopback: refused at once. Half the remotes optional.
-        let remotes: Vec<ResolvedRemote> = (0..REMOTES)
-            .map(|i| ResolvedRemote {
-                name: format!("remote-{i:05}"),
-                required: i % 2 == 0,
-                source: tether::config::RemoteSource::Inferred,
-                config: kube::Config::new(
-                    format!("http://127.0.0.{}:1", 1 + i % 250)
-                        .parse()
-                        .expect("a URL"),
-                )
-                .into(),
-                files: Vec::new(),
-            })
-            .collect();
-        probes.sync(&remote::probed(&remotes)).expect("sync");
-        let plan = Plan {
-            remotes,
-            watch: vec![WatchSpec {
-                api_version: "v1".into(),
-                kind: "Namespace".into(),
-                plural: "namespaces".into(),
-                namespaced: false,
-                namespace: None,
-                label_selector: None,
-            }],
-            exec: None,
-        };
-        let manager = WatchManager::new(&registry, probes.handle(), plan, probe.detection_bound())
-            .expect("manager");
-        let manager_handle = manager.handle();
-        let supervisor =
-            Supervisor::new(manager, SupervisorConfig::default(), &registry).expect("supervisor");
-        let admin = Admin::new(
-            registry,
-            Sources {
-                supervisor: supervisor.handle(),
-                probes: probes.handle(),
-                manager: Arc::new(tether::managers::Handle::Watch(manager_handle)),
-                election: None,
-                shard: None,
-                draining: Arc::new(AtomicBool::new(false)),
-            },
-            Heartbeats {
-                probes: probe.interval,
-                supervisor: Duration::from_secs(1),
-            },
-        )
-        .expect("admin");
-        // Let every first probe fail, so each remote has an error to show.
-        let started = Instant::now();
-        while probes
-            .handle()
-            .status()
-            .iter()
-            .any(|r| r.last_probe.is_none())
-        {
-            assert!(started.elapsed() < Duration::from_secs(120), "probes stuck");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+#[tokio::main]
+async fn main() {
+    let registry = Registry::new();
+    let probe = ProbeConfig::default()
+        .with_interval(Duration::from_secs(3600))
+        .with_timeout(Duration::from_secs(1));
+    let probes = ProbeSet::new(probe.clone(), &registry).expect("probes");
+    // Port 1 on loopback: refused at once. Half the remotes optional.
+    let remotes: Vec<ResolvedRemote> = (0..REMOTES)
+        .map(|i| ResolvedRemote {
+            name: format!("remote-{i:05}"),
+            required: i % 2 == 0,
+            source: tether::config::RemoteSource::Inferred,
+            config: kube::Config::new(
+                format!("http://127.0.0.{}:1", 1 + i % 250)
+                    .parse()
+                    .expect("a URL"),
+            )
+            .into(),
+            files: Vec::new(),
+        })
+        .collect();
+    probes.sync(&remote::probed(&remotes)).expect("sync");
+    let plan = Plan {
+        remotes,
+        watch: vec![WatchSpec {
+            api_version: "v1".into(),
+            kind: "Namespace".into(),
+            plural: "namespaces".into(),
+            namespaced: false,
+            namespace: None,
+            label_selector: None,
+        }],
+        exec: None,
+    };
+    let manager = WatchManager::new(&registry, probes.handle(), plan, probe.detection_bound())
+        .expect("manager");
+    let manager_handle = manager.handle();
+    let supervisor =
+        Supervisor::new(manager, SupervisorConfig::default(), &registry).expect("supervisor");
+    let admin = Admin::new(
+        registry,
+        Sources {
+            supervisor: supervisor.handle(),
+            probes: probes.handle(),
+            manager: Arc::new(tether::managers::Handle::Watch(manager_handle)),
+            election: None,
+            shard: None,
+            draining: Arc::new(AtomicBool::new(false)),
+        },
+        Heartbeats {
+            probes: probe.interval,
+            supervisor: Duration::from_secs(1),
+        },
+    )
+    .expect("admin");
+    // Let every first probe fail, so each remote has an error to show.
+    let started = Instant::now();
+    while probes
+        .handle()
+        .status()
+        .iter()
+        .any(|r| r.last_probe.is_none())
+    {
+        assert!(started.elapsed() < Duration::from_secs(120), "probes stuck");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
-        println!(
-            "machine: {} cores; {REMOTES} remotes, one cache each; median and max of {ROUNDS}",
-            std::thread::available_parallelism().map_or(0, usize::from)
-        );
-        for (what, render) in [
-            (
-                "/status.json",
-                Box::new(|| admin.status_json().len()) as Box<dyn Fn() -> usize>,
-            ),
-            (
-                "/status",
-                Box::new(|| admin.status_html(&tether::admin::Query::default()).len()),
-            ),
-            ("/readyz", Box::new(|| admin.readyz().1.len())),
-        ] {
-            let mut times = Vec::with_capacity(ROUNDS);
-            let mut size = 0;
-            for _ in 0..ROUNDS {
-                let started = Instant::now();
-                size = render();
-                times.push(started.elapsed());
-            }
-            times.sort();
-            println!(
-                "{what:13} median {:7.2} ms, max {:7.2} ms, {} KiB",
-                times[ROUNDS / 2].as_secs_f64() * 1000.0,
-                times[ROUNDS - 1].as_secs_f64() * 1000.0,
-                size / 1024
-            );
+    println!(
+        "machine: {} cores; {REMOTES} remotes, one cache each; median and max of {ROUNDS}",
+        std::thread::available_parallelism().map_or(0, usize::from)
+    );
+    for (what, render) in [
+        (
+            "/status.json",
+            Box::new(|| admin.status_json().len()) as Box<dyn Fn() -> usize>,
+        ),
+        (
+            "/status",
+            Box::new(|| admin.status_html(&tether::admin::Query::default()).len()),
+        ),
+        ("/readyz", Box::new(|| admin.readyz().1.len())),
+    ] {
+        let mut times = Vec::with_capacity(ROUNDS);
+        let mut size = 0;
+        for _ in 0..ROUNDS {
+            let started = Instant::now();
+            size = render();
+            times.push(started.elapsed());
         }
-    });
+        times.sort();
+        println!(
+            "{what:13} median {:7.2} ms, max {:7.2} ms, {} KiB",
+            times[ROUNDS / 2].as_secs_f64() * 1000.0,
+            times[ROUNDS - 1].as_secs_f64() * 1000.0,
+            size / 1024
+        );
+    }
 }

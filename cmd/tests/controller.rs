@@ -106,13 +106,10 @@ async fn mirrored(home: &ControlPlane, name: &str) -> bool {
 /// How long `name` takes to be mirrored, if within `limit`.
 async fn until_mirrored(home: &ControlPlane, name: &str, limit: Duration) -> Option<Duration> {
     let since = Instant::now();
-    while since.elapsed() < limit {
-        if mirrored(home, name).await {
-            return Some(since.elapsed());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    None
+    common::poll(limit, common::EVERY, async || {
+        mirrored(home, name).await.then(|| since.elapsed())
+    })
+    .await
 }
 
 /// The mirror controller, run bare, with its log.

@@ -9,7 +9,9 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
-use common::{DEADLINE, Shape, Tether, children, exec_kubeconfig, free_port, remote, running};
+use common::{
+    DEADLINE, EVERY, Shape, Tether, children, exec_kubeconfig, free_port, poll, remote, running,
+};
 use serde_json::Value;
 use tether_testkit::{ApiServer, Fault};
 
@@ -58,19 +60,13 @@ async fn status(tether: &Tether) -> Value {
 
 /// Waits until `/status.json`'s process section satisfies `pred`.
 async fn until_process(tether: &Tether, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
-    let started = Instant::now();
-    loop {
-        let process = status(tether).await["process"].clone();
-        if pred(&process) {
-            return process;
-        }
-        assert!(
-            started.elapsed() < DEADLINE,
-            "the process never {what}: {process}\nlogs:\n{}",
-            tether.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let mut last = Value::Null;
+    let process = poll(DEADLINE, EVERY, async || {
+        last = status(tether).await["process"].clone();
+        pred(&last).then(|| last.clone())
+    })
+    .await;
+    process.unwrap_or_else(|| panic!("the process never {what}: {last}\nlogs:\n{}", tether.logs()))
 }
 
 /// Waits for the first log event after `since` that `matches`.
@@ -79,18 +75,11 @@ async fn until_event(
     since: SystemTime,
     matches: impl Fn(&Value) -> bool,
 ) -> SystemTime {
-    let started = Instant::now();
-    loop {
-        if let Some(at) = tether.first_event(since, &matches) {
-            return at;
-        }
-        assert!(
-            started.elapsed() < DEADLINE,
-            "no such event; logs:\n{}",
-            tether.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    poll(DEADLINE, EVERY, async || {
+        tether.first_event(since, &matches)
+    })
+    .await
+    .unwrap_or_else(|| panic!("no such event; logs:\n{}", tether.logs()))
 }
 
 fn says(event: &Value, message: &str) -> bool {
@@ -99,28 +88,19 @@ fn says(event: &Value, message: &str) -> bool {
 
 /// Waits until `pid` is no longer running, for at most [`DEADLINE`].
 async fn until_gone(pid: u32, what: &str) {
-    let started = Instant::now();
-    while running(pid) {
-        assert!(started.elapsed() < DEADLINE, "{what}: {pid} still runs");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let every = Duration::from_millis(20);
+    let gone = poll(DEADLINE, every, async || (!running(pid)).then_some(())).await;
+    assert!(gone.is_some(), "{what}: {pid} still runs");
 }
 
 async fn until_file(path: &Path) -> String {
-    let started = Instant::now();
-    loop {
-        if let Ok(text) = std::fs::read_to_string(path)
-            && text.ends_with('\n')
-        {
-            return text;
-        }
-        assert!(
-            started.elapsed() < DEADLINE,
-            "{} never appeared",
-            path.display()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    poll(DEADLINE, EVERY, async || {
+        std::fs::read_to_string(path)
+            .ok()
+            .filter(|text| text.ends_with('\n'))
+    })
+    .await
+    .unwrap_or_else(|| panic!("{} never appeared", path.display()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

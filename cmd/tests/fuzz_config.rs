@@ -13,14 +13,6 @@ use proptest::test_runner::{Config as RunnerConfig, TestRunner};
 use tether::config::Config;
 use tokio::time::Instant;
 
-fn budget() -> Duration {
-    let seconds = std::env::var("FUZZ_SECONDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(5);
-    Duration::from_secs(seconds)
-}
-
 /// Each top-level section, valid or mangled, at most once, so that random
 /// files get past the YAML parser often enough to reach validation.
 fn admin() -> impl Strategy<Value = String> {
@@ -129,7 +121,7 @@ fn runner() -> TestRunner {
 
 #[test]
 fn random_configs_never_panic_and_every_rejection_names_a_field() {
-    let deadline = Instant::now() + budget();
+    let deadline = Instant::now() + tether_testkit::fuzz_budget();
     let mut runner = runner();
     let strategy = file();
     let (mut executions, mut accepted) = (0u64, 0u64);
@@ -177,7 +169,7 @@ fn random_configs_never_panic_and_every_rejection_names_a_field() {
 
 #[test]
 fn random_server_urls_never_panic_identity() {
-    let deadline = Instant::now() + budget();
+    let deadline = Instant::now() + tether_testkit::fuzz_budget();
     let mut runner = runner();
     let strategy = "(https?|HTTPS?|ftp|)(://)?([a-zA-Z0-9_-]{0,8}(:[a-z0-9]{0,6})?@)?[a-zA-Z0-9.\\[\\]:-]{0,24}(:[0-9]{0,6})?(/[a-z/]{0,10})?";
     let mut executions = 0u64;
@@ -242,7 +234,7 @@ fn kubeconfig() -> impl Strategy<Value = String> {
 
 #[test]
 fn random_kubeconfigs_never_panic_and_every_rejection_names_the_remote() {
-    let deadline = Instant::now() + budget();
+    let deadline = Instant::now() + tether_testkit::fuzz_budget();
     let mut runner = runner();
     let strategy = kubeconfig();
     let dir = tempfile::tempdir().expect("temp dir");

@@ -10,28 +10,20 @@ use std::time::Duration;
 
 mod common;
 
-use common::{DEADLINE, Shape, Tether, exec_kubeconfig, probes, remote};
+use common::{DEADLINE, EVERY, Shape, Tether, exec_kubeconfig, poll, probes, remote};
 use tokio::time::Instant;
 
 /// Polls `/status.json` until `name`'s local error satisfies `pred`.
 async fn until_local_error(tether: &Tether, name: &str, pred: impl Fn(&str) -> bool) -> String {
-    let started = Instant::now();
-    loop {
-        if let Some(error) = tether
+    poll(DEADLINE, EVERY, async || {
+        tether
             .remote_status(name)
             .await
             .and_then(|r| r["localError"].as_str().map(str::to_owned))
-            && pred(&error)
-        {
-            return error;
-        }
-        assert!(
-            started.elapsed() < DEADLINE,
-            "{name}'s local error never came; logs:\n{}",
-            tether.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+            .filter(|error| pred(error))
+    })
+    .await
+    .unwrap_or_else(|| panic!("{name}'s local error never came; logs:\n{}", tether.logs()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

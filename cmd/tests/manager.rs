@@ -68,14 +68,12 @@ async fn no_task_outlives_its_cycle_across_fifty_cycles() {
 
 /// Polls `done` every 10ms for up to 20s; panics naming `what`.
 async fn until(what: &str, done: impl Fn() -> bool) {
-    let started = Instant::now();
-    while !done() {
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "never happened: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let every = Duration::from_millis(10);
+    let happened = common::poll(Duration::from_secs(20), every, async || {
+        done().then_some(())
+    })
+    .await;
+    assert!(happened.is_some(), "never happened: {what}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -78,11 +78,9 @@ async fn status(tether: &Tether) -> Option<Value> {
 
 /// Waits, bounded, until `done` holds; `what` names it if it never does.
 async fn until(what: &str, mut done: impl AsyncFnMut() -> bool) {
-    let started = Instant::now();
-    while !done().await {
-        assert!(started.elapsed() < DEADLINE, "never: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let every = Duration::from_millis(20);
+    let happened = common::poll(DEADLINE, every, async || done().await.then_some(())).await;
+    assert!(happened.is_some(), "never: {what}");
 }
 
 /// Whether some replica leads with its manager up.

@@ -371,18 +371,18 @@ async fn until_events(
     pod: &str,
     want: &[&str],
 ) -> Vec<(String, String, String)> {
-    let started = Instant::now();
-    loop {
-        let events = pod_events(home, pod);
-        if want.iter().all(|w| events.iter().any(|(r, _, _)| r == w)) {
-            return events;
-        }
-        assert!(
-            started.elapsed() < common::DEADLINE,
-            "the Pod's Events never included {want:?}: {events:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let every = Duration::from_millis(200);
+    common::poll(common::DEADLINE, every, async || {
+        Some(pod_events(home, pod))
+            .filter(|events| want.iter().all(|w| events.iter().any(|(r, _, _)| r == w)))
+    })
+    .await
+    .unwrap_or_else(|| {
+        panic!(
+            "the Pod's Events never included {want:?}: {:#?}",
+            pod_events(home, pod)
+        )
+    })
 }
 
 /// tether in a Pod (the downward API's `POD_NAME` and `POD_NAMESPACE`)

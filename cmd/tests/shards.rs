@@ -133,8 +133,9 @@ async fn until_settled(
             (r.name.clone(), owner.to_owned())
         })
         .collect();
-    loop {
-        let mut got = BTreeMap::new();
+    let mut got = BTreeMap::new();
+    let settled = common::poll(DEADLINE, common::EVERY, async || {
+        got = BTreeMap::new();
         let mut settled = true;
         for replica in replicas {
             match share(replica).await {
@@ -148,17 +149,17 @@ async fn until_settled(
                 _ => settled = false,
             }
         }
-        if settled && got == want {
-            return (got, started.elapsed());
-        }
-        assert!(
-            started.elapsed() < DEADLINE,
+        (settled && got == want).then(|| started.elapsed())
+    })
+    .await;
+    let Some(took) = settled else {
+        panic!(
             "the shares never settled: want {want:?}, got {got:?}; logs of {}:\n{}",
             replicas[0].id,
             replicas[0].tether.logs()
         );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    };
+    (got, took)
 }
 
 /// Asserts that, from now on, each remote is probed by its owner alone:

@@ -8,11 +8,9 @@ mod common;
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::Duration;
 
 use common::{DEADLINE, Shape, Tether, remote};
 use tether_testkit::Fault;
-use tokio::time::Instant;
 
 fn chromium() -> PathBuf {
     ["chromium", "chromium-browser"]
@@ -148,21 +146,17 @@ fn row<'d>(dom: &'d str, remote: &str) -> &'d str {
 
 /// Polls `/status.json` until `ready` holds of it.
 async fn until_status(tether: &Tether, what: &str, ready: impl Fn(&serde_json::Value) -> bool) {
-    let started = Instant::now();
-    loop {
-        if let Some((200, body)) = tether.get("/status.json").await
-            && let Ok(status) = serde_json::from_str::<serde_json::Value>(&body)
-            && ready(&status)
-        {
-            return;
-        }
-        assert!(
-            started.elapsed() < DEADLINE,
-            "/status.json never showed {what}; logs:\n{}",
-            tether.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let shown = common::poll(DEADLINE, common::EVERY, async || {
+        let (code, body) = tether.get("/status.json").await?;
+        let status = serde_json::from_str::<serde_json::Value>(&body).ok()?;
+        (code == 200 && ready(&status)).then_some(())
+    })
+    .await;
+    assert!(
+        shown.is_some(),
+        "/status.json never showed {what}; logs:\n{}",
+        tether.logs()
+    );
 }
 
 /// The rows of the table `id` (`healthy-table`, `attention-table`).

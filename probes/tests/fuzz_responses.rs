@@ -17,14 +17,6 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 
-fn budget() -> Duration {
-    let seconds = std::env::var("FUZZ_SECONDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(5);
-    Duration::from_secs(seconds)
-}
-
 /// A response: a status line (right or wrong), headers, a body framing,
 /// maybe cut short, maybe garbage.
 fn response() -> impl Strategy<Value = (Vec<u8>, Option<u16>)> {
@@ -96,7 +88,7 @@ async fn the_probe_reads_whatever_a_peer_sends_without_panicking() {
         .with_interval(timeout * 2)
         .with_timeout(timeout);
 
-    let deadline = Instant::now() + budget();
+    let deadline = Instant::now() + tether_testkit::fuzz_budget();
     let mut runner = TestRunner::new(RunnerConfig {
         failure_persistence: None,
         ..RunnerConfig::default()

@@ -13,55 +13,27 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tether_testkit::{ApiServer, Cluster, Options, Resource};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::TcpStream;
+use tokio::io::AsyncReadExt as _;
 use tokio::process::{Child, Command};
 use tokio::time::{Instant, timeout};
 
-/// A port free at the time of asking, on 127.0.0.1.
-pub(crate) fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
+// Each test binary uses its own part of these.
+#[allow(unused_imports)]
+pub(crate) use tether_testkit::{EVERY, free_port, http_get, median_max, poll};
 
 /// Polls `count` for up to five seconds until it reads `limit` or less.
 /// What an ended cycle leaves behind must end, but its tasks and sockets may
 /// take a moment to go; a leak never comes down. `Err` holds the last reading.
 pub(crate) async fn comes_down_to(limit: usize, count: impl Fn() -> usize) -> Result<(), usize> {
-    let started = Instant::now();
-    loop {
-        let now = count();
-        if now <= limit {
-            return Ok(());
-        }
-        if started.elapsed() > Duration::from_secs(5) {
-            return Err(now);
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    let every = Duration::from_millis(10);
+    match poll(Duration::from_secs(5), every, async || {
+        (count() <= limit).then_some(())
+    })
+    .await
+    {
+        Some(()) => Ok(()),
+        None => Err(count()),
     }
-}
-
-/// `GET path` over HTTP/1.0: the status and the body, or `None` if nothing
-/// answered within two seconds.
-pub(crate) async fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
-    let mut stream = timeout(Duration::from_secs(2), TcpStream::connect(addr))
-        .await
-        .ok()?
-        .ok()?;
-    stream
-        .write_all(format!("GET {path} HTTP/1.0\r\nHost: test\r\n\r\n").as_bytes())
-        .await
-        .ok()?;
-    let mut response = String::new();
-    timeout(Duration::from_secs(2), stream.read_to_string(&mut response))
-        .await
-        .ok()?
-        .ok()?;
-    let code = response.split_whitespace().nth(1)?.parse().ok()?;
-    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
-    Some((code, body))
 }
 
 /// Bound on anything a test waits for.
@@ -366,12 +338,11 @@ impl Tether {
 
     /// Polls until `pred` holds of the metric, checking `/healthz` each time.
     pub(crate) async fn until_metric(&self, series: &str, what: &str, pred: impl Fn(f64) -> bool) {
-        let started = Instant::now();
-        loop {
+        let reached = poll(DEADLINE, EVERY, async || {
             if let Some(value) = self.metric(series).await
                 && pred(value)
             {
-                return;
+                return Some(());
             }
             if let Some((code, body)) = self.get("/healthz").await {
                 assert_eq!(
@@ -379,13 +350,14 @@ impl Tether {
                     "/healthz failed while waiting for {what}: {body}"
                 );
             }
-            assert!(
-                started.elapsed() < DEADLINE,
-                "{series} never reached {what}; logs:\n{}",
-                self.logs()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+            None
+        })
+        .await;
+        assert!(
+            reached.is_some(),
+            "{series} never reached {what}; logs:\n{}",
+            self.logs()
+        );
     }
 
     /// Waits until `remote` has failed `failures` probes in a row, then
@@ -408,21 +380,16 @@ impl Tether {
     }
 
     pub(crate) async fn until_ready(&self, ready: bool) {
-        let started = Instant::now();
         let want = if ready { 200 } else { 503 };
-        loop {
-            if let Some((code, _)) = self.get("/readyz").await
-                && code == want
-            {
-                return;
-            }
-            assert!(
-                started.elapsed() < DEADLINE,
-                "/readyz never answered {want}; logs:\n{}",
-                self.logs()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let answered = poll(DEADLINE, EVERY, async || {
+            self.get("/readyz").await.filter(|(code, _)| *code == want)
+        })
+        .await;
+        assert!(
+            answered.is_some(),
+            "/readyz never answered {want}; logs:\n{}",
+            self.logs()
+        );
     }
 
     pub(crate) fn signal(&self, signal: &str) {
@@ -514,12 +481,6 @@ pub(crate) async fn real_plane(
     tether_testkit::ControlPlane::start(options)
         .await
         .unwrap_or_else(|err| panic!("the real control plane starts: {err}"))
-}
-
-/// The median and the largest of `samples`.
-pub(crate) fn median_max(mut samples: Vec<Duration>) -> (Duration, Duration) {
-    samples.sort();
-    (samples[samples.len() / 2], samples[samples.len() - 1])
 }
 
 /// How many trials a test that measures runs of each case:

@@ -3,34 +3,38 @@
 
 use std::time::Duration;
 
-fn read(pid: Option<u32>, file: &str) -> Option<String> {
-    let pid = pid.map_or_else(|| "self".to_owned(), |p| p.to_string());
-    std::fs::read_to_string(format!("/proc/{pid}/{file}")).ok()
+use procfs::process::Process;
+
+fn process(pid: Option<u32>) -> Option<Process> {
+    match pid {
+        None => Process::myself().ok(),
+        Some(pid) => Process::new(i32::try_from(pid).ok()?).ok(),
+    }
 }
 
-/// A `/proc/<pid>/status` field in KiB, such as `VmRSS` or `VmHWM` (peak
-/// RSS); `None` if the process or the field is gone.
+/// A `/proc/<pid>/status` memory field in KiB: `VmRSS`, `VmHWM` (peak
+/// RSS), `VmSize` or `VmPeak`; `None` for another field, or if the process
+/// or the field is gone.
 #[must_use]
 pub fn status_kib(pid: Option<u32>, field: &str) -> Option<u64> {
-    read(pid, "status")?.lines().find_map(|line| {
-        line.strip_prefix(field)?
-            .strip_prefix(':')?
-            .split_whitespace()
-            .next()?
-            .parse()
-            .ok()
-    })
+    let status = process(pid)?.status().ok()?;
+    match field {
+        "VmRSS" => status.vmrss,
+        "VmHWM" => status.vmhwm,
+        "VmSize" => status.vmsize,
+        "VmPeak" => status.vmpeak,
+        _ => None,
+    }
 }
 
 /// User plus system CPU time so far; `None` if the process is gone.
 #[must_use]
 pub fn cpu_time(pid: Option<u32>) -> Option<Duration> {
-    let stat = read(pid, "stat")?;
-    // After the command name (which may hold spaces), utime and stime are
-    // fields 14 and 15 of the line, in clock ticks of 100 per second.
-    let fields: Vec<&str> = stat.rsplit_once(") ")?.1.split(' ').collect();
-    let ticks = |i: usize| fields.get(i)?.parse::<u64>().ok();
-    Some(Duration::from_millis((ticks(11)? + ticks(12)?) * 10))
+    let stat = process(pid)?.stat().ok()?;
+    let ticks = stat.utime + stat.stime;
+    Some(Duration::from_secs_f64(
+        ticks as f64 / procfs::ticks_per_second() as f64,
+    ))
 }
 
 #[cfg(test)]
