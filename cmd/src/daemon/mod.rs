@@ -1,0 +1,358 @@
+//! The daemon: wires config, probes, the manager, the supervisor and the
+//! admin server together, and handles signals and reloads.
+//!
+//! - here: start, the run loop, and shutdown;
+//! - `wiring.rs`: the pieces `start` wires (registry, probes, election,
+//!   sharding, Events) and the checks it makes first;
+//! - `reload.rs`: a new config, rotated files, and a new share of remotes,
+//!   applied to the running daemon.
+
+mod reload;
+mod wiring;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use prometheus::IntCounterVec;
+use tether_probes::{ProbeSet, ProbeSetHandle};
+use tether_supervisor::{BoxError, ShutdownOutcome, Supervisor, SupervisorHandle};
+use tokio::signal::unix::{Signal, SignalKind, signal};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info};
+
+use crate::admin::{self, Admin, Heartbeats, Sources};
+use crate::config::remote::{self, ResolvedRemote};
+use crate::config::{Config, ConfigError, Plan};
+use crate::lease::election::{Election, ElectionHandle};
+use crate::lease::shard::Sharding;
+use crate::managers;
+
+use self::reload::{CONFIG_POLL, sweep_every};
+pub use self::wiring::preflight;
+use self::wiring::{
+    EventsRunning, Recheck, Sharded, exec_command, gated, held, listen, new_probes, new_registry,
+    new_sharding, rechecks, run_election, setup, start_election, start_events,
+};
+
+/// Why the daemon could not start. Nothing is left running.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The configuration is bad (exit 2).
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The admin address cannot be bound.
+    #[error("cannot listen on the admin address {addr}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Metrics, probes or the supervisor could not be set up.
+    #[error("setting up the {what} failed")]
+    Setup {
+        /// What was being set up.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: BoxError,
+    },
+}
+
+/// A running daemon.
+#[derive(Debug)]
+pub struct Daemon {
+    /// The supervisor's state.
+    pub supervisor: SupervisorHandle,
+    /// The probes' state.
+    pub probes: ProbeSetHandle,
+    /// The manager.
+    pub manager: managers::Handle,
+    /// The leader election, when on.
+    pub election: Option<ElectionHandle>,
+    /// The admin server's address.
+    pub admin_address: SocketAddr,
+    /// What the admin server shows: `/status` as a value.
+    pub admin: Arc<Admin>,
+    config: Config,
+    probe_set: ProbeSet,
+    root: CancellationToken,
+    draining: Arc<AtomicBool>,
+    reloads: IntCounterVec,
+    run: JoinHandle<ShutdownOutcome>,
+    admin_stop: CancellationToken,
+    /// The election's task, its stop, and the election, for the release.
+    elected: Option<(Arc<Election>, CancellationToken, JoinHandle<()>)>,
+    /// Every configured remote, resolved; with sharding, the manager and
+    /// the probes get the ones this replica holds.
+    resolved: Vec<ResolvedRemote>,
+    /// The sharding, when on.
+    sharded: Option<Sharded>,
+    /// Probes asking to have their remotes' files re-read (a TLS failure or
+    /// a 401), each with where to say it was done; taken by the run loop.
+    rechecks: Option<tokio::sync::mpsc::Receiver<Recheck>>,
+    /// Events on tether's own Pod, when it runs in one.
+    events: Option<EventsRunning>,
+}
+
+impl Daemon {
+    /// Starts everything, or nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`StartError`]; the process should exit 2 for a config error, and
+    /// non-zero otherwise.
+    pub async fn start(config: Config) -> Result<Self, StartError> {
+        let remotes = remote::resolve(&config).await?;
+        exec_command(&config)?;
+        // Bind first: never run without health endpoints.
+        let (listener, admin_address) = listen(config.admin_address).await?;
+
+        let (registry, reloads) = new_registry()?;
+
+        // With sharding, this replica runs only what it holds: nothing
+        // until its first round among the members.
+        let sharding = new_sharding(&config, &registry).await?;
+        let shard = sharding.as_ref().map(Sharding::handle);
+        if let Some(shard) = &shard {
+            shard.set_remotes(remote::keys(&remotes));
+        }
+        let running = held(&remotes, shard.as_ref());
+        let holds_any = !running.is_empty();
+        let probe_set = new_probes(&config, &registry, &running)?;
+        let probes = probe_set.handle();
+        let (manager, manager_handle) = managers::build(
+            Plan::new(&config, running),
+            &registry,
+            &probes,
+            config.probe.detection_bound(),
+        )
+        .map_err(setup("manager"))?;
+        let election = start_election(&config, &registry).await?;
+        let election_handle = election.as_ref().map(|e| e.handle());
+        let supervisor = Supervisor::new(manager, config.supervisor, &registry)
+            .map_err(setup("supervisor"))?
+            .end_cycles_on(probes.signals());
+        let (supervisor, shard_gate) = gated(
+            supervisor,
+            election_handle.as_ref(),
+            shard.is_some(),
+            holds_any,
+        );
+        let supervisor_handle = supervisor.handle();
+        let draining = Arc::new(AtomicBool::new(false));
+        let sources = Sources {
+            supervisor: supervisor_handle.clone(),
+            probes: probes.clone(),
+            manager: Arc::new(manager_handle.clone()),
+            election: election_handle.clone(),
+            shard: shard.clone(),
+            draining: Arc::clone(&draining),
+        };
+        let heartbeats = Heartbeats {
+            probes: config.probe.interval,
+            supervisor: config.supervisor.heartbeat,
+        };
+        let admin =
+            Admin::new(registry.clone(), sources, heartbeats).map_err(setup("admin metrics"))?;
+
+        let root = CancellationToken::new();
+        let admin_stop = CancellationToken::new();
+        let admin = Arc::new(admin);
+        tokio::spawn(admin::serve(
+            listener,
+            Arc::clone(&admin),
+            admin_stop.clone(),
+        ));
+        let run = tokio::spawn(supervisor.run(root.clone()));
+        let elected = election.map(run_election);
+        let sharded = sharding
+            .zip(shard)
+            .map(|(sharding, handle)| Sharded::run(sharding, handle, shard_gate));
+        let events = start_events(&config, &registry)
+            .await
+            .map(|(events, publisher)| {
+                EventsRunning::spawn(
+                    events,
+                    publisher,
+                    &supervisor_handle,
+                    election_handle.as_ref(),
+                )
+            });
+        info!(
+            admin = %admin_address,
+            remotes = config.remotes.len(),
+            config = %config.label(),
+            "tether started"
+        );
+        Ok(Self {
+            supervisor: supervisor_handle,
+            probes,
+            manager: manager_handle,
+            election: election_handle,
+            admin_address,
+            admin,
+            config,
+            rechecks: Some(rechecks(&probe_set)),
+            probe_set,
+            root,
+            draining,
+            reloads,
+            run,
+            admin_stop,
+            elected,
+            resolved: remotes,
+            sharded,
+            events,
+        })
+    }
+
+    /// Drains and shuts down: `/readyz` answers 503 at once, root is
+    /// cancelled, and the manager gets its grace period. The admin server
+    /// keeps answering (`/readyz` 503) for at least `admin.drainWindow`
+    /// after the drain began, so a kubelet or a load balancer sees it.
+    pub async fn shutdown(self) -> ShutdownOutcome {
+        self.draining.store(true, Ordering::SeqCst);
+        let drained = tokio::time::Instant::now() + self.config.drain_window;
+        info!(window = ?self.config.drain_window, "draining: readiness off; stopping the manager");
+        self.root.cancel();
+        let outcome = match self.run.await {
+            Ok(outcome) => outcome,
+            Err(err) => {
+                error!(error = %err, "the supervisor task failed");
+                ShutdownOutcome::GraceExceeded
+            }
+        };
+        // The manager has stopped: the remotes are let go, and the sharding
+        // releases this replica's Lease so the others take them at once.
+        if let Some(Sharded {
+            handle, stop, task, ..
+        }) = self.sharded
+        {
+            handle.applied(std::collections::BTreeSet::new());
+            stop.cancel();
+            let _ = task.await;
+        }
+        // The manager has stopped: now let another replica lead at once.
+        if let Some((election, stop, task)) = self.elected {
+            stop.cancel();
+            let _ = task.await;
+            election.release().await;
+        }
+        // The last cycle's end and the leadership's release, on the Pod.
+        if let Some(events) = self.events {
+            events.finish().await;
+        }
+        tokio::time::sleep_until(drained).await;
+        self.admin_stop.cancel();
+        info!(%outcome, "tether stopped");
+        outcome
+    }
+
+    /// Runs until SIGTERM or SIGINT, reloading on SIGHUP and when the config
+    /// file changes, and rebuilding a remote's client when a file its
+    /// settings came from changes. Returns the exit code: 0, or 1 if the grace period ran
+    /// out. A second SIGTERM or SIGINT exits at once with 130.
+    pub async fn run_until_signalled(mut self, signals: Signals) -> u8 {
+        let Signals {
+            mut term,
+            mut int,
+            mut hup,
+        } = signals;
+        let mut poll = tokio::time::interval(CONFIG_POLL);
+        let mut next_sweep = tokio::time::Instant::now();
+        // Without sharding, a receiver that never changes.
+        let (_never, idle) = tokio::sync::watch::channel(std::collections::BTreeSet::new());
+        // A change made before this loop began is seen at its first turn.
+        let mut holding = self.sharded.as_ref().map_or(idle, |s| s.handle.holding());
+        let mut seen = self
+            .config
+            .file
+            .as_ref()
+            .and_then(|f| std::fs::read(f).ok());
+        // Taken once: this loop runs once.
+        let mut rechecks = self
+            .rechecks
+            .take()
+            .unwrap_or_else(|| tokio::sync::mpsc::channel(1).1);
+        loop {
+            tokio::select! {
+                _ = term.recv() => break,
+                _ = int.recv() => break,
+                _ = hup.recv() => {
+                    info!("SIGHUP: reloading the config");
+                    self.reload().await;
+                    seen = self.config.file.as_ref().and_then(|f| std::fs::read(f).ok());
+                }
+                Ok(()) = holding.changed() => self.apply_holding(),
+                Some((names, done)) = rechecks.recv() => {
+                    self.refresh_remotes(Some(&names)).await;
+                    let _ = done.send(());
+                }
+                _ = poll.tick() => {
+                    let now = self.config.file.as_ref().and_then(|f| std::fs::read(f).ok());
+                    if now.is_some() && now != seen {
+                        info!("the config file changed: reloading");
+                        seen = now;
+                        self.reload().await;
+                    } else if tokio::time::Instant::now() >= next_sweep {
+                        self.refresh_remotes(None).await;
+                        let files = self.resolved.iter().map(|r| r.files.len()).sum();
+                        next_sweep = tokio::time::Instant::now() + sweep_every(files);
+                    }
+                }
+            }
+        }
+        let manager = self.manager.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            if manager.kill_now() {
+                error!("second signal: SIGKILL to the manager process, and exiting at once");
+            } else {
+                error!("second signal: exiting at once");
+            }
+            std::process::exit(130);
+        });
+        match self.shutdown().await {
+            ShutdownOutcome::Clean => 0,
+            ShutdownOutcome::GraceExceeded => 1,
+        }
+    }
+}
+
+/// The daemon's signal handlers: SIGTERM and SIGINT stop it, SIGHUP
+/// reloads. Install them first thing, before anything slow: until a
+/// handler exists, a signal takes its default action, and SIGHUP's is to
+/// end the process.
+#[derive(Debug)]
+pub struct Signals {
+    term: Signal,
+    int: Signal,
+    hup: Signal,
+}
+
+impl Signals {
+    /// Installs the handlers. A signal that arrives from now on waits for
+    /// [`Daemon::run_until_signalled`].
+    ///
+    /// # Errors
+    ///
+    /// If a handler cannot be installed.
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime.
+    pub fn install() -> std::io::Result<Self> {
+        Ok(Self {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+            hup: signal(SignalKind::hangup())?,
+        })
+    }
+}

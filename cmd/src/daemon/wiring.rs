@@ -1,0 +1,364 @@
+//! The pieces `Daemon::start` wires, and the checks it makes first.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus::{IntCounterVec, Opts, Registry};
+use tether_probes::ProbeSet;
+use tether_supervisor::{BoxError, Supervisor, SupervisorHandle};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use super::StartError;
+use crate::admin;
+use crate::config::remote::{self, ResolvedRemote};
+use crate::config::{Config, ConfigError};
+use crate::events::{Events, Publisher};
+use crate::lease::election::{self, Election, ElectionHandle};
+use crate::lease::shard::{ShardHandle, Sharding};
+use crate::managers::{self, exec};
+
+/// The Events on tether's Pod: where to send them, and the task that
+/// records each cycle's end and leadership change.
+#[derive(Debug)]
+pub(super) struct EventsRunning {
+    pub(super) events: Events,
+    pub(super) stop: CancellationToken,
+    pub(super) task: JoinHandle<()>,
+    pub(super) publisher: Publisher,
+}
+
+impl EventsRunning {
+    pub(super) fn spawn(
+        events: Events,
+        publisher: Publisher,
+        supervisor: &SupervisorHandle,
+        election: Option<&ElectionHandle>,
+    ) -> Self {
+        let watching = events.clone();
+        let (supervisor, election) = (supervisor.clone(), election.cloned());
+        let (stop, task) = spawn_until(|stop| watching.watch(supervisor, election, stop));
+        Self {
+            events,
+            stop,
+            task,
+            publisher,
+        }
+    }
+
+    /// Records what the shutdown ended (the last cycle, the leadership),
+    /// then waits a moment for it to be sent.
+    pub(super) async fn finish(self) {
+        self.stop.cancel();
+        let _ = self.task.await;
+        drop(self.events);
+        self.publisher.flush().await;
+    }
+}
+
+/// Events on tether's Pod, when it runs in one (`POD_NAME` and
+/// `POD_NAMESPACE` from the downward API): sent to the home cluster, the
+/// leader election's kubeconfig or in-cluster. Without a client, a warning
+/// and no Events; tether runs on.
+pub(super) async fn start_events(
+    config: &Config,
+    registry: &Registry,
+) -> Option<(Events, Publisher)> {
+    let pod = crate::events::own_pod()?;
+    let kubeconfig = config
+        .leader_election
+        .as_ref()
+        .and_then(|spec| spec.kubeconfig.clone());
+    let client = crate::lease::home_client(kubeconfig.as_deref(), Duration::from_secs(5))
+        .await
+        .map(|(client, _)| client)
+        .map_err(|err| tether_supervisor::error_chain(&err));
+    match client.map(|client| Events::start(client, pod, registry)) {
+        Ok(Ok(started)) => Some(started),
+        Ok(Err(err)) => {
+            warn!(error = %err, "cannot count Events; none are recorded");
+            None
+        }
+        Err(error) => {
+            warn!(%error, "no client for the home cluster; no Events are recorded on tether's Pod");
+            None
+        }
+    }
+}
+
+/// A probe's ask to re-read its remotes' files, and where to say it is done.
+pub(super) type Recheck = (Vec<String>, tokio::sync::oneshot::Sender<()>);
+
+/// How many probes' asks to re-read their files may wait at once; a probe
+/// that finds no room counts its failure as it would have anyway.
+pub(super) const RECHECKS_WAITING: usize = 64;
+
+/// Lets `probes` ask the daemon to re-read a remote's files before a
+/// failure that rotated credentials explain is counted; the daemon's run
+/// loop answers through the receiver.
+pub(super) fn rechecks(probes: &ProbeSet) -> tokio::sync::mpsc::Receiver<Recheck> {
+    let (asks, asked) = tokio::sync::mpsc::channel::<Recheck>(RECHECKS_WAITING);
+    probes.recheck_with(Arc::new(move |names| {
+        let asks = asks.clone();
+        Box::pin(async move {
+            let (done, wait) = tokio::sync::oneshot::channel();
+            if asks.try_send((names, done)).is_ok() {
+                let _ = wait.await;
+            }
+        })
+    }));
+    asked
+}
+
+/// The running sharding, as the daemon drives it.
+#[derive(Debug)]
+pub(super) struct Sharded {
+    pub(super) handle: ShardHandle,
+    pub(super) stop: CancellationToken,
+    pub(super) task: JoinHandle<()>,
+    /// The supervisor's gate: open while this replica holds a remote. A
+    /// replica with no share runs no manager (an exec child included) and
+    /// stands by.
+    pub(super) gate: tokio::sync::watch::Sender<bool>,
+}
+
+impl Sharded {
+    pub(super) fn run(
+        sharding: Sharding,
+        handle: ShardHandle,
+        gate: tokio::sync::watch::Sender<bool>,
+    ) -> Self {
+        let (stop, task) = spawn_until(|stop| sharding.run(stop));
+        Self {
+            handle,
+            stop,
+            task,
+            gate,
+        }
+    }
+}
+
+/// The probes of `running`, their metrics in `registry`.
+pub(super) fn new_probes(
+    config: &Config,
+    registry: &Registry,
+    running: &[ResolvedRemote],
+) -> Result<ProbeSet, StartError> {
+    let probe_set = ProbeSet::new(config.probe.clone(), registry).map_err(setup("probes"))?;
+    probe_set
+        .sync(&remote::probed(running))
+        .map_err(setup("probes"))?;
+    Ok(probe_set)
+}
+
+/// The admin server's listener on `addr`, and the address it got.
+pub(super) async fn listen(addr: SocketAddr) -> Result<(admin::Listener, SocketAddr), StartError> {
+    let bind_error = |source| StartError::Bind { addr, source };
+    let listener = admin::bind(addr).await.map_err(bind_error)?;
+    let bound = listener.local_addr().map_err(bind_error)?;
+    Ok((listener, bound))
+}
+
+/// `supervisor`, building cycles only on the leader (`election`), or, with
+/// sharding, only while this replica holds a remote; the sharding's gate,
+/// open at first if it `holds_any`.
+pub(super) fn gated(
+    supervisor: Supervisor<managers::Manager>,
+    election: Option<&ElectionHandle>,
+    sharded: bool,
+    holds_any: bool,
+) -> (
+    Supervisor<managers::Manager>,
+    tokio::sync::watch::Sender<bool>,
+) {
+    let (shard_gate, open) = tokio::sync::watch::channel(holds_any);
+    let supervisor = match election {
+        Some(election) => supervisor.build_while(election.gate()),
+        None if sharded => supervisor.build_while(open),
+        None => supervisor,
+    };
+    (supervisor, shard_gate)
+}
+
+/// `tether_config_reloads_total`, both results exported from the start.
+pub(super) fn reload_counter(registry: &Registry) -> prometheus::Result<IntCounterVec> {
+    let reloads = IntCounterVec::new(
+        Opts::new(
+            "tether_config_reloads_total",
+            "Config reloads, by result (applied or rejected).",
+        ),
+        &["result"],
+    )?;
+    for result in ["applied", "rejected"] {
+        reloads.with_label_values(&[result]);
+    }
+    registry.register(Box::new(reloads.clone()))?;
+    Ok(reloads)
+}
+
+/// The leader election `config` asks for, if any. A Lease namespace that
+/// cannot be known is a config error.
+pub(super) async fn start_election(
+    config: &Config,
+    registry: &Registry,
+) -> Result<Option<Arc<Election>>, StartError> {
+    let Some(spec) = config
+        .leader_election
+        .as_ref()
+        .filter(|_| config.sharding.is_none())
+    else {
+        return Ok(None);
+    };
+    let election = Election::new(spec.clone(), registry)
+        .await
+        .map_err(lease_error(config, "leader election"))?;
+    Ok(Some(Arc::new(election)))
+}
+
+/// A Lease setup error. What the config decides (the Lease's namespace, the
+/// cluster that holds it, its kubeconfig) is the config's, exit 2;
+/// anything else is a setup failure.
+pub(super) fn lease_error(
+    config: &Config,
+    what: &'static str,
+) -> impl Fn(election::Error) -> StartError {
+    let file = config.label();
+    move |err| {
+        let config_error = |field: &str| {
+            StartError::Config(ConfigError::new(
+                &file,
+                field,
+                tether_supervisor::error_chain(&err),
+            ))
+        };
+        match &err {
+            election::Error::NoNamespace => config_error("leaderElection.leaseNamespace"),
+            election::Error::Kubeconfig(_) => config_error("leaderElection.kubeconfig"),
+            election::Error::Infer(_) => config_error("leaderElection"),
+            _ => StartError::Setup {
+                what,
+                source: err.into(),
+            },
+        }
+    }
+}
+
+/// The exec manager's command, if it is one, must be a program that can be
+/// run.
+pub(super) fn exec_command(config: &Config) -> Result<(), StartError> {
+    let Some(exec) = &config.exec else {
+        return Ok(());
+    };
+    exec::find_command(exec).map(drop).map_err(|err| {
+        StartError::Config(ConfigError::new(
+            &config.label(),
+            "manager.exec.command",
+            err.to_string(),
+        ))
+    })
+}
+
+/// Checks what `run` needs beyond the config file itself, without starting
+/// anything: the client of the leader election's (or sharding's) Lease, and
+/// the exec manager's command. `validate` and `check` run it; so does
+/// [`Daemon::start`], first.
+///
+/// # Errors
+///
+/// [`StartError::Config`] naming the field; [`StartError::Setup`] for
+/// anything else.
+pub async fn preflight(config: &Config) -> Result<(), StartError> {
+    exec_command(config)?;
+    if let Some(spec) = &config.leader_election {
+        let what = if config.sharding.is_some() {
+            "sharding"
+        } else {
+            "leader election"
+        };
+        crate::lease::Leases::new(spec)
+            .await
+            .map_err(lease_error(config, what))?;
+    }
+    Ok(())
+}
+
+/// Spawns what `run` makes of a new stop token; returns the token and the
+/// task.
+pub(super) fn spawn_until<F>(
+    run: impl FnOnce(CancellationToken) -> F,
+) -> (CancellationToken, JoinHandle<()>)
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(run(stop.clone()));
+    (stop, task)
+}
+
+/// Runs `election` until its stop token: the election, the token and the
+/// task, for the release at shutdown.
+pub(super) fn run_election(
+    election: Arc<Election>,
+) -> (Arc<Election>, CancellationToken, JoinHandle<()>) {
+    let (stop, task) = spawn_until(|stop| {
+        let election = Arc::clone(&election);
+        async move { election.run(stop).await }
+    });
+    (election, stop, task)
+}
+
+/// The process's registry, with the process collector and the reload
+/// counter in it.
+pub(super) fn new_registry() -> Result<(Registry, IntCounterVec), StartError> {
+    let registry = Registry::new();
+    registry
+        .register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))
+        .map_err(setup("process metrics"))?;
+    let reloads = reload_counter(&registry).map_err(setup("reload metrics"))?;
+    Ok((registry, reloads))
+}
+
+/// The sharding `config` asks for, if any, not yet running.
+pub(super) async fn new_sharding(
+    config: &Config,
+    registry: &Registry,
+) -> Result<Option<Sharding>, StartError> {
+    let (Some(sharding), Some(election)) = (&config.sharding, &config.leader_election) else {
+        return Ok(None);
+    };
+    Sharding::new(election.clone(), sharding, registry)
+        .await
+        .map(Some)
+        .map_err(lease_error(config, "sharding"))
+}
+
+/// The remotes of `resolved` that `shard` lets this replica run: all of
+/// them without sharding.
+pub(super) fn held(
+    resolved: &[ResolvedRemote],
+    shard: Option<&ShardHandle>,
+) -> Vec<ResolvedRemote> {
+    match shard {
+        None => resolved.to_vec(),
+        Some(shard) => {
+            let holding = shard.holding();
+            let names = holding.borrow();
+            resolved
+                .iter()
+                .filter(|r| names.contains(&r.name))
+                .cloned()
+                .collect()
+        }
+    }
+}
+
+pub(super) fn setup<E: Into<BoxError>>(what: &'static str) -> impl Fn(E) -> StartError {
+    move |err| StartError::Setup {
+        what,
+        source: err.into(),
+    }
+}
