@@ -11,7 +11,8 @@ FROM docker.io/library/rust:${RUST_VERSION}-slim-bookworm AS builder
 WORKDIR /src
 COPY . .
 # The downloaded crates and the compiled dependencies live in BuildKit cache
-# mounts, so a source change rebuilds tether alone.
+# mounts, so a source change rebuilds tether alone. Without the default
+# `demo` feature, the shipped binary links nothing from tests/.
 RUN --mount=type=cache,target=/usr/local/cargo/registry,id=cargo-registry \
     --mount=type=cache,target=/src/target,id=tether-target \
     cargo build --release --locked --no-default-features -p tether --bin tether \

@@ -23,7 +23,7 @@ use std::time::Duration;
 use maud::{DOCTYPE, Markup, PreEscaped, html};
 
 use tether_probes::{BUCKET_WIDTH, Bucket, HISTORY_BUCKETS, HISTORY_WINDOW, Recent};
-use tether_supervisor::CauseKind;
+use tether_supervisor::{CauseKind, Phase};
 
 use super::view::{
     Attention, CycleView, ElectionView, ProcessView, RemoteView, ShardView, StatusView,
@@ -151,9 +151,11 @@ fn remotes(view: &StatusView, query: &Query, recent: &dyn Fn(&str) -> Recent) ->
     // while a cycle runs; none on a replica that stands by; between
     // cycles, whatever the last one left.
     let caches = match view.supervisor.phase {
-        "running" => "caches synced",
-        "standby" => "no caches here (this replica stands by)",
-        _ => "no cycle runs now",
+        Phase::Running => "caches synced",
+        Phase::Standby => "no caches here (this replica stands by)",
+        Phase::Starting | Phase::BackingOff | Phase::ShuttingDown | Phase::Stopped => {
+            "no cycle runs now"
+        }
     };
     html! {
         section #remotes {
@@ -211,7 +213,7 @@ fn remotes(view: &StatusView, query: &Query, recent: &dyn Fn(&str) -> Recent) ->
 /// Whether this replica stands by (a follower, or a shard member holding
 /// nothing): it runs no manager.
 fn standing_by(view: &StatusView) -> bool {
-    view.supervisor.phase == "standby"
+    view.supervisor.phase == Phase::Standby
 }
 
 fn table(

@@ -267,7 +267,8 @@ pub struct SupervisorView {
     /// The current (or last) cycle.
     pub cycle: u64,
     /// Where the loop is, in words: `running`, `backing off`.
-    pub phase: &'static str,
+    #[serde(serialize_with = "phase_words")]
+    pub phase: Phase,
     /// How old the current cycle is.
     pub cycle_age_seconds: Option<f64>,
     /// Whether the manager is up: what `/readyz` answers, but for draining.
@@ -535,6 +536,12 @@ pub(super) fn shard_view(shard: &ShardHandle) -> ShardView {
 }
 
 // serde's `serialize_with` hands a reference.
+#[allow(clippy::trivially_copy_pass_by_ref)]
+fn phase_words<S: serde::Serializer>(phase: &Phase, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(phase.as_str())
+}
+
+// serde's `serialize_with` hands a reference.
 #[allow(clippy::ref_option, clippy::trivially_copy_pass_by_ref)]
 fn cause_label<S: serde::Serializer>(
     cause: &Option<CauseKind>,
@@ -606,7 +613,7 @@ fn supervisor_view(status: &Status) -> SupervisorView {
     });
     SupervisorView {
         cycle: status.cycle,
-        phase: status.phase.as_str(),
+        phase: status.phase,
         cycle_age_seconds: status.cycle_started.map(seconds_ago),
         manager_up: status.manager_up,
         up_for_seconds: status.up_since.map(seconds_ago),
