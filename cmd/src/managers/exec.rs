@@ -40,7 +40,7 @@ use rustix::process::{Pid, Signal};
 use tether_probes::{ProbeSetHandle, Reachability};
 use tether_supervisor::{CycleToken, ManagerError, ManagerFactory, UsedRemotes};
 use tokio::process::{Child, Command};
-use tokio::time::{Instant, sleep, timeout};
+use tokio::time::{Instant, sleep, sleep_until, timeout};
 use tracing::{info, warn};
 
 use super::reaper;
@@ -52,8 +52,6 @@ use crate::lock;
 const GROUP_POLL: Duration = Duration::from_millis(20);
 /// How long SIGKILL may take to empty a group before tether goes on.
 const KILL_WAIT: Duration = Duration::from_secs(5);
-/// How often the required remotes are looked at, without a readiness check.
-const GATE_PERIOD: Duration = Duration::from_secs(1);
 
 /// How a run of the process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -676,30 +674,31 @@ impl Shared {
     }
 
     /// Keeps the cycle's `manager_up` true while the process is ready and
-    /// every required remote is reachable. Never returns.
+    /// every required remote is reachable: the readiness check runs every
+    /// period, and the remotes are looked at again at each of the probes'
+    /// transitions. Never returns.
     async fn follow_readiness(&self, spec: &ExecSpec, cycle: &CycleToken) {
-        let mut ready = false;
+        let mut transitions = self.probes.subscribe();
+        let mut ready = spec.readiness.is_none();
         let mut failures = 0;
         let mut up = false;
+        let mut next_check = Instant::now();
+        let mut probes_gone = false;
         loop {
-            let period = match &spec.readiness {
-                None => {
+            if let Some(readiness) = &spec.readiness
+                && Instant::now() >= next_check
+            {
+                if check(readiness).await {
+                    failures = 0;
                     ready = true;
-                    GATE_PERIOD
-                }
-                Some(readiness) => {
-                    if check(readiness).await {
-                        failures = 0;
-                        ready = true;
-                    } else {
-                        failures += 1;
-                        if ready && failures >= readiness.failure_threshold {
-                            ready = false;
-                        }
+                } else {
+                    failures += 1;
+                    if ready && failures >= readiness.failure_threshold {
+                        ready = false;
                     }
-                    readiness.period
                 }
-            };
+                next_check = Instant::now() + readiness.period;
+            }
             let now = ready && self.required_reachable();
             if now != up && cycle.set_manager_up(now) {
                 up = now;
@@ -712,7 +711,24 @@ impl Shared {
                     );
                 }
             }
-            sleep(period).await;
+            let checked = async {
+                match spec.readiness {
+                    Some(_) => sleep_until(next_check).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = checked => {}
+                seen = transitions.recv(), if !probes_gone => {
+                    // Lagged: look at every remote now, which is what a
+                    // transition asks for anyway. Closed: the probes are
+                    // gone with the process; only the check is left.
+                    probes_gone = matches!(
+                        seen,
+                        Err(tokio::sync::broadcast::error::RecvError::Closed)
+                    );
+                }
+            }
         }
     }
 
