@@ -321,7 +321,10 @@ impl Events {
                     leading = state.leading;
                     let (reason, what) = if leading {
                         (Reason::LeadershipAcquired, "leads: it runs the manager")
-                    } else if stopping {
+                    } else if stopping || state.stopped {
+                        // The election stops before the watch does, with
+                        // the Lease's release between: a turn of the watch
+                        // may see it first.
                         (
                             Reason::LeadershipReleased,
                             "released it: tether is shutting down, its manager stopped",

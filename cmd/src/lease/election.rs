@@ -67,6 +67,9 @@ pub struct ElectionState {
     pub leads_in: Option<Duration>,
     /// Why the last try failed, if it did.
     pub last_error: Option<String>,
+    /// Whether the election has stopped because tether shuts down: a
+    /// leader that stops so released the Lease, and lost nothing.
+    pub stopped: bool,
 }
 
 #[derive(Debug)]
@@ -202,7 +205,11 @@ impl Election {
         }
         self.shared.leader.set(i64::from(leading));
         self.shared.transitions.inc();
-        lock(&self.shared.state).leading = leading;
+        {
+            let mut state = lock(&self.shared.state);
+            state.leading = leading;
+            state.stopped = !leading && why == SHUTTING_DOWN;
+        }
         if leading {
             info!(identity = %self.identity, "leading: this replica now runs the manager");
         } else if why == SHUTTING_DOWN {
