@@ -296,7 +296,7 @@ pub(crate) enum Lapse {
 pub enum TryError {
     /// Another write came between this replica's read and its write.
     #[error(
-        "{lease} changed between its read and its write (409 Conflict); it reads it again at the next {turn}"
+        "{lease} changed between this replica's read and its write (409 Conflict); it reads it again at the next {turn}"
     )]
     Conflict {
         /// Which Lease, in words.
