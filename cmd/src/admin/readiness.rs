@@ -67,30 +67,23 @@ impl Readiness {
                 mark(up),
             )
         };
-        let (checks, ready) = match self {
+        let checks = match self {
             Self::Follower => {
                 let holder = election
                     .map(|e| e.holder.as_str())
                     .filter(|h| !h.is_empty())
                     .unwrap_or("none yet");
-                (
-                    format!("[+]not draining\n[+]standby (leader: {holder})\n"),
-                    true,
-                )
+                format!("[+]not draining\n[+]standby (leader: {holder})\n")
             }
             Self::Unassigned => {
                 let configured = shard.map_or(0, |s| s.configured);
-                (
-                    format!(
-                        "[+]not draining\n[+]standby (holds none of the {configured} remotes)\n"
-                    ),
-                    true,
-                )
+                format!("[+]not draining\n[+]standby (holds none of the {configured} remotes)\n")
             }
-            Self::Draining { manager_up } => (manager(false, manager_up), false),
-            Self::Up => (manager(true, true), true),
-            Self::Down => (manager(true, false), false),
+            Self::Draining { manager_up } => manager(false, manager_up),
+            Self::Up => manager(true, true),
+            Self::Down => manager(true, false),
         };
+        let ready = self.is_ready();
         let verdict = if ready {
             "readyz check passed"
         } else {
