@@ -34,7 +34,7 @@ pub use self::readiness::Readiness;
 pub use self::server::{HEAD_TIMEOUT, Listener, MAX_CONNECTIONS, bind, serve};
 pub use self::view::{
     Attention, CacheView, Counts, CycleView, ElectionView, ProcessView, RemoteView, Role,
-    ShardView, StatusView, SupervisorView, Verdict, VerdictState,
+    ShardView, StatusView, SupervisorView, Verdict, VerdictState, ago,
 };
 
 use crate::lease::election::ElectionHandle;

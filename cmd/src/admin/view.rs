@@ -365,7 +365,9 @@ pub struct CacheView {
     pub objects: usize,
 }
 
-fn ago(time: Option<SystemTime>) -> Option<f64> {
+/// Seconds since `time`, if there is one and it is past.
+#[must_use]
+pub fn ago(time: Option<SystemTime>) -> Option<f64> {
     time.and_then(|t| t.elapsed().ok()).map(|d| d.as_secs_f64())
 }
 

@@ -18,7 +18,7 @@ pub mod watch;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use prometheus::Registry;
 use tether_probes::ProbeSetHandle;
@@ -26,7 +26,7 @@ use tether_supervisor::{CycleToken, ManagerError, ManagerFactory, UsedRemotes};
 
 use self::exec::{ExecManager, ProcessHandle};
 use self::watch::{ManagerHandle, WatchManager};
-use crate::admin::{CacheView, ManagerStatus, ProcessView};
+use crate::admin::{CacheView, ManagerStatus, ProcessView, ago};
 use crate::config::Plan;
 
 /// The manager the supervisor drives: the plan's process, or else the
@@ -143,10 +143,6 @@ impl Handle {
     }
 }
 
-fn seconds_since(time: Option<SystemTime>) -> Option<f64> {
-    time.and_then(|t| t.elapsed().ok()).map(|d| d.as_secs_f64())
-}
-
 impl ManagerStatus for Handle {
     fn required(&self) -> BTreeSet<String> {
         match self {
@@ -167,7 +163,7 @@ impl ManagerStatus for Handle {
                     resource: key.1.clone(),
                     synced: cache.synced,
                     stale: cache.stale,
-                    failing_seconds_ago: seconds_since(cache.failing_since),
+                    failing_seconds_ago: ago(cache.failing_since),
                     objects: cache.objects,
                 };
                 (key, view)
@@ -186,7 +182,7 @@ impl ManagerStatus for Handle {
             command: spec.command.clone(),
             pid: state.pid,
             cycle: state.cycle,
-            running_seconds: seconds_since(state.started),
+            running_seconds: ago(state.started),
             readiness_check: spec
                 .readiness
                 .as_ref()
@@ -194,7 +190,7 @@ impl ManagerStatus for Handle {
             last_exit: last.map(|e| e.how.to_string()),
             last_exit_stopped: last.map(|e| e.stopped),
             last_exit_cycle: last.map(|e| e.cycle),
-            last_exit_seconds_ago: seconds_since(last.map(|e| e.at)),
+            last_exit_seconds_ago: ago(last.map(|e| e.at)),
             spawn_error: state.spawn_error,
         })
     }
