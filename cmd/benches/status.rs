@@ -73,6 +73,7 @@ async fn main() {
             manager: Arc::new(tether::managers::Handle::Watch(manager_handle)),
             election: None,
             shard: None,
+            discovery: None,
             draining: Arc::new(AtomicBool::new(false)),
         },
         Heartbeats {

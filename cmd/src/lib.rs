@@ -7,6 +7,8 @@
 //!   made from them;
 //! - `managers/`: the built-in watch manager and the exec manager, each
 //!   consuming the plan, behind one seam the supervisor drives;
+//! - `discovery/`: remotes from the home cluster's Secrets, beside the
+//!   static ones;
 //! - `lease/`: leader election and sharding, on one shared claim type;
 //! - `admin/`: the admin server, with readiness decided once and one status
 //!   view rendered as JSON and HTML; it reads the manager only through
@@ -27,6 +29,7 @@ pub mod admin;
 pub mod cli;
 pub mod config;
 pub mod daemon;
+pub mod discovery;
 pub mod events;
 pub mod human;
 pub mod lease;

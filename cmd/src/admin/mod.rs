@@ -64,6 +64,8 @@ pub struct Sources {
     pub election: Option<ElectionHandle>,
     /// The sharding of remotes among replicas, when on.
     pub shard: Option<ShardHandle>,
+    /// Discovery from the home cluster's Secrets, when on.
+    pub discovery: Option<Arc<crate::discovery::Discovery>>,
     /// Set once at shutdown; never cleared.
     pub draining: Arc<AtomicBool>,
 }

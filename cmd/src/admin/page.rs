@@ -26,7 +26,8 @@ use tether_probes::{BUCKET_WIDTH, Bucket, HISTORY_BUCKETS, HISTORY_WINDOW, Recen
 use tether_supervisor::{CauseKind, Phase};
 
 use super::view::{
-    Attention, CycleView, ElectionView, ProcessView, RemoteView, ShardView, StatusView,
+    Attention, CycleView, DiscoveryView, ElectionView, ProcessView, RemoteView, ShardView,
+    StatusView,
 };
 use crate::human;
 
@@ -115,6 +116,7 @@ pub(super) fn render(view: &StatusView, query: &Query, recent: &dyn Fn(&str) -> 
                         }
                     }
                     (remotes(view, query, recent))
+                    @if let Some(d) = &view.discovery { (discovery(d)) }
                     (cycles(view))
                     (facts(view))
                 }
@@ -579,6 +581,50 @@ fn timeline(cycles: &[CycleView], up: bool) -> Markup {
 /// One fact: a term and what it is.
 fn fact(term: &str, value: impl maud::Render) -> Markup {
     html! { dt { (term) } dd { (value) } }
+}
+
+/// Discovery: each source, what it gives, and each Secret it skips.
+fn discovery(d: &DiscoveryView) -> Markup {
+    html! {
+        section #discovery {
+            h2 { "Discovery" }
+            p.meta { "From the home cluster's Secrets; the home cluster is probed as the remote " code { (d.home) } "." }
+            @for s in &d.sources {
+                dl {
+                    (fact("source", &s.source))
+                    (fact("selector", html! { code { (s.selector) } }))
+                    (fact("gives", format!(
+                        "{}{}",
+                        human::count(s.remotes as u64, "remote", "remotes"),
+                        if s.required { ", required" } else { ", not required" },
+                    )))
+                    (fact("listed", if let (true, Some(seconds)) = (s.listed, s.listed_seconds_ago) {
+                        ago(seconds)
+                    } else {
+                        html! { span.now { "not yet" } }
+                    }))
+                    @if let Some(err) = &s.failing {
+                        (fact("failing", html! {
+                            span.now { (err) }
+                            @if let Some(seconds) = s.failing_seconds { " · since " (ago(seconds)) }
+                            " · the last known remotes stay"
+                        }))
+                    }
+                }
+                @if !s.skipped.is_empty() {
+                    table {
+                        caption { (human::count(s.skipped.len() as u64, "Secret skipped", "Secrets skipped")) }
+                        thead { tr { th { "Secret" } th { "field" } th { "why" } } }
+                        tbody {
+                            @for k in &s.skipped {
+                                tr { td { code { (k.secret) } } td { code { (k.field) } } td { (k.message) } }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// The supervisor, the manager process and the election, as facts.

@@ -43,6 +43,54 @@ pub struct StatusView {
     pub election: Option<ElectionView>,
     /// The sharding of remotes among replicas, when on.
     pub shard: Option<ShardView>,
+    /// Discovery from the home cluster's Secrets, when on.
+    pub discovery: Option<DiscoveryView>,
+}
+
+/// Discovery as the status page shows it.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DiscoveryView {
+    /// The name the home cluster's probe goes by among the remotes.
+    pub home: &'static str,
+    /// Each source, in config order.
+    pub sources: Vec<SourceView>,
+}
+
+/// One discovery source.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SourceView {
+    /// `<namespace>/<format>`.
+    pub source: String,
+    /// The label selector its Secrets are listed with.
+    pub selector: String,
+    /// Whether its remotes are required.
+    pub required: bool,
+    /// Whether it has listed its Secrets once.
+    pub listed: bool,
+    /// Seconds since its last whole list.
+    pub listed_seconds_ago: Option<f64>,
+    /// The remotes it gives.
+    pub remotes: usize,
+    /// Its Secrets that are skipped.
+    pub skipped: Vec<SkippedView>,
+    /// Why its list or watch fails, while it does.
+    pub failing: Option<String>,
+    /// Seconds it has been failing.
+    pub failing_seconds: Option<f64>,
+}
+
+/// A Secret that is skipped, and why.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SkippedView {
+    /// The Secret's name.
+    pub secret: String,
+    /// The field that is wrong.
+    pub field: String,
+    /// What is wrong with it.
+    pub message: String,
 }
 
 /// This replica among the shards, as the status page shows it.
@@ -472,6 +520,7 @@ pub(super) fn build(sources: &Sources) -> StatusView {
     let election = sources.election.as_ref().map(election_view);
     let process = sources.manager.process();
     let shard = sources.shard.as_ref().map(shard_view);
+    let discovery = sources.discovery.as_deref().map(discovery_view);
     let draining = sources.draining.load(Ordering::SeqCst);
     let supervisor = supervisor_view(&status);
     let mut view = StatusView {
@@ -492,6 +541,7 @@ pub(super) fn build(sources: &Sources) -> StatusView {
         process,
         election,
         shard,
+        discovery,
     };
     let readiness = Readiness::of(
         view.draining,
@@ -518,6 +568,36 @@ pub(super) fn election_view(election: &ElectionHandle) -> ElectionView {
         twin: state.twin,
         leads_in_seconds: state.leads_in.map(|d| d.as_secs_f64()),
         last_error: state.last_error,
+    }
+}
+
+/// Discovery as the view shows it.
+pub(super) fn discovery_view(discovery: &crate::discovery::Discovery) -> DiscoveryView {
+    DiscoveryView {
+        home: crate::config::discovery::HOME,
+        sources: discovery
+            .status()
+            .into_iter()
+            .map(|s| SourceView {
+                source: s.source,
+                selector: s.selector,
+                required: s.required,
+                listed: s.listed,
+                listed_seconds_ago: ago(s.listed_at),
+                remotes: s.remotes,
+                skipped: s
+                    .skipped
+                    .into_iter()
+                    .map(|k| SkippedView {
+                        secret: k.secret,
+                        field: k.skipped.field,
+                        message: k.skipped.message,
+                    })
+                    .collect(),
+                failing_seconds: ago(s.failing.as_ref().map(|(_, since)| *since)),
+                failing: s.failing.map(|(error, _)| error),
+            })
+            .collect(),
     }
 }
 

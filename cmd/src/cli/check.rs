@@ -9,6 +9,7 @@ use tether_probes::{Outcome, ProbeResult};
 use super::validate::gate;
 use super::{CheckArgs, Output, load_with_remotes};
 use crate::config::remote;
+use crate::discovery::{Discovery, SourceStatus};
 use crate::stdout;
 
 fn describe(result: &ProbeResult) -> (&'static str, String) {
@@ -21,11 +22,17 @@ fn describe(result: &ProbeResult) -> (&'static str, String) {
 
 /// `tether check`: every remote probed once, and the Lease read.
 pub(super) async fn run(args: &CheckArgs) -> ExitCode {
-    let (config, remotes) = match load_with_remotes(&args.config, &[]).await {
+    let (config, mut remotes) = match load_with_remotes(&args.config, &[]).await {
         Ok(loaded) => loaded,
         Err(exit) => return exit,
     };
-    let rows = match tether_probes::check(&remote::probed(&remotes), &config.probe).await {
+    let (sources, home) = match discover(&config, &mut remotes).await {
+        Ok(found) => found,
+        Err(exit) => return exit,
+    };
+    let mut probed = remote::probed(&remotes);
+    probed.extend(home);
+    let rows = match tether_probes::check(&probed, &config.probe).await {
         Ok(rows) => rows,
         Err(err) => {
             eprintln!(
@@ -48,15 +55,72 @@ pub(super) async fn run(args: &CheckArgs) -> ExitCode {
         .iter()
         .all(|row| matches!(row.result.outcome, Outcome::Reachable { .. }));
     let election_ok = election.as_ref().is_none_or(|(_, ok)| *ok);
+    let discovery_ok = sources
+        .iter()
+        .all(|s| s.listed && s.failing.is_none() && s.skipped.is_empty());
     let out = match args.output {
-        Output::Table => check_table(&rows, &required, election.as_ref()),
-        Output::Json => check_json(&rows, &required, election.as_ref()),
+        Output::Table => {
+            let mut out = check_table(&rows, &required, election.as_ref());
+            discovery_table(&mut out, &sources);
+            out
+        }
+        Output::Json => check_json(&rows, &required, election.as_ref(), &sources),
     };
     stdout::write(&out);
-    if all_reachable && election_ok {
+    if all_reachable && election_ok && discovery_ok {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
+    }
+}
+
+/// How long `check` waits for the sources' first lists.
+const LIST_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// What each discovery source finds now, its remotes added to `remotes`,
+/// and the home cluster to probe; nothing without discovery.
+async fn discover(
+    config: &crate::config::Config,
+    remotes: &mut Vec<remote::ResolvedRemote>,
+) -> Result<(Vec<SourceStatus>, Option<tether_probes::Remote>), ExitCode> {
+    if config.discovery.is_empty() {
+        return Ok((Vec::new(), None));
+    }
+    let discovery = Discovery::start(&config.discovery, &prometheus::Registry::new())
+        .await
+        .map_err(|err| {
+            eprintln!(
+                "tether: discovery: {}",
+                tether_supervisor::error_chain(&err)
+            );
+            ExitCode::from(2)
+        })?;
+    discovery.first_lists(LIST_WAIT).await;
+    let found = discovery.remotes(&remote::names(remotes));
+    remotes.extend(found);
+    let sources = discovery.status();
+    discovery.stop();
+    Ok((sources, Some(discovery.home())))
+}
+
+/// Each discovery source's finding, after the remotes' table.
+fn discovery_table(out: &mut String, sources: &[SourceStatus]) {
+    for s in sources {
+        let state = match (&s.failing, s.listed) {
+            (Some((error, _)), _) => format!("cannot list: {error}"),
+            (None, false) => "not listed yet".to_owned(),
+            (None, true) => "listed".to_owned(),
+        };
+        let _ = writeln!(
+            out,
+            "discovery {}: {state}; {} found, {} skipped",
+            s.source,
+            crate::human::count(s.remotes as u64, "remote", "remotes"),
+            crate::human::count(s.skipped.len() as u64, "Secret", "Secrets"),
+        );
+        for k in &s.skipped {
+            let _ = writeln!(out, "  skipped Secret {}: {}", k.secret, k.skipped);
+        }
     }
 }
 
@@ -96,7 +160,24 @@ fn check_json(
     rows: &[tether_probes::CheckRow],
     required: &std::collections::BTreeSet<&str>,
     election: Option<&(String, bool)>,
+    sources: &[SourceStatus],
 ) -> String {
+    let discovery: Vec<serde_json::Value> = sources
+        .iter()
+        .map(|s| {
+            serde_json::json!({
+                "source": s.source,
+                "listed": s.listed,
+                "failing": s.failing.as_ref().map(|(error, _)| error),
+                "remotes": s.remotes,
+                "skipped": s.skipped.iter().map(|k| serde_json::json!({
+                    "secret": k.secret,
+                    "field": k.skipped.field,
+                    "message": k.skipped.message,
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
     let remotes: Vec<serde_json::Value> = rows
         .iter()
         .map(|row| {
@@ -112,7 +193,9 @@ fn check_json(
         })
         .collect();
     let election = election.map(|(finding, ok)| serde_json::json!({"finding": finding, "ok": ok}));
-    let mut out = serde_json::json!({"remotes": remotes, "leaderElection": election}).to_string();
+    let mut out =
+        serde_json::json!({"remotes": remotes, "leaderElection": election, "discovery": discovery})
+            .to_string();
     out.push('\n');
     out
 }

@@ -77,6 +77,7 @@ pub(super) async fn run(args: &RunArgs) -> ExitCode {
             let _ = writeln!(out, "    warning: {warning}");
         }
     }
+    write_discovery(&mut out, &config.discovery);
     match &config.exec {
         Some(exec) => write_exec(&mut out, exec),
         None => {
@@ -106,6 +107,32 @@ pub(super) async fn run(args: &RunArgs) -> ExitCode {
     }
     stdout::write(&out);
     ExitCode::SUCCESS
+}
+
+/// Where remotes are discovered, and the home cluster that holds them.
+fn write_discovery(out: &mut String, sources: &[crate::config::DiscoverySpec]) {
+    let Some(first) = sources.first() else {
+        return;
+    };
+    let home = first.kubeconfig.as_ref().map_or_else(
+        || "in-cluster".to_owned(),
+        |path| format!("kubeconfig {}", path.display()),
+    );
+    let _ = writeln!(
+        out,
+        "discovery: remotes from the home cluster's Secrets ({home}, probed as the remote {:?}), listed and watched:",
+        crate::config::discovery::HOME
+    );
+    for source in sources {
+        let _ = writeln!(
+            out,
+            "  {} Secrets in namespace {} labelled {} ({})",
+            source.format,
+            source.namespace,
+            source.selector(),
+            gate(source.required)
+        );
+    }
 }
 
 /// The Lease (or, with sharding, the Leases) this configuration keeps, and

@@ -17,8 +17,8 @@ use super::raw::{
 };
 use super::spec::KNOWN_KINDS;
 use super::{
-    Config, ConfigError, ExecSpec, LeaderElectionSpec, ReadinessSpec, RemoteSource, RemoteSpec,
-    ShardingSpec, StopSignal, WatchSpec, WholeSeconds, defaults, selector,
+    Config, ConfigError, DiscoverySpec, ExecSpec, LeaderElectionSpec, ReadinessSpec, RemoteSource,
+    RemoteSpec, ShardingSpec, StopSignal, WatchSpec, WholeSeconds, defaults, selector,
 };
 
 /// The value of `result`, or `None` with its error kept in `errors`: the
@@ -117,7 +117,8 @@ pub fn readable_file(path: &Path) -> Result<(), FileError> {
 
 /// A remote name is a Prometheus label value and a log field: keep it to
 /// DNS-label characters.
-fn valid_name(name: &str) -> bool {
+#[must_use]
+pub fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 63
         && name.chars().all(|c| {
@@ -153,6 +154,7 @@ struct Sections {
     leader_election: Option<LeaderElectionSpec>,
     sharding: Option<ShardingSpec>,
     watch: Option<Vec<WatchSpec>>,
+    discovery: Vec<DiscoverySpec>,
 }
 
 /// The sections of a config that change only at a restart.
@@ -162,6 +164,7 @@ struct Restartable {
     supervisor: SupervisorConfig,
     leader_election: Option<LeaderElectionSpec>,
     sharding: Option<ShardingSpec>,
+    discovery: Vec<DiscoverySpec>,
 }
 
 impl Restartable {
@@ -181,6 +184,7 @@ impl Restartable {
                 "leaderElection",
             ),
             (self.sharding != running.sharding, "sharding"),
+            (self.discovery != running.discovery, "discovery"),
         ]
         .into_iter()
         .filter_map(|(changed, section)| changed.then_some(section))
@@ -191,6 +195,7 @@ impl Restartable {
             supervisor: running.supervisor,
             leader_election: running.leader_election.clone(),
             sharding: running.sharding.clone(),
+            discovery: running.discovery.clone(),
         };
         (kept, restart)
     }
@@ -220,6 +225,7 @@ impl Checker<'_> {
                 leader_election,
                 sharding,
                 watch,
+                discovery,
             },
             manager,
         ) = self.sections(raw)?;
@@ -234,6 +240,7 @@ impl Checker<'_> {
                 supervisor,
                 leader_election,
                 sharding,
+                discovery,
             },
             restart,
         ) = Restartable {
@@ -242,6 +249,7 @@ impl Checker<'_> {
             supervisor,
             leader_election,
             sharding,
+            discovery,
         }
         .into_running(running);
         let which = if running.is_some() {
@@ -295,6 +303,7 @@ impl Checker<'_> {
             command_line: Vec::new(),
             leader_election,
             sharding,
+            discovery,
         };
         Ok((config, restart))
     }
@@ -320,7 +329,7 @@ impl Checker<'_> {
 
     /// A path relative to the config file's folder, which must be a file
     /// tether can read.
-    fn existing_file(&self, field: &str, value: &str) -> Result<PathBuf, ConfigError> {
+    pub(super) fn existing_file(&self, field: &str, value: &str) -> Result<PathBuf, ConfigError> {
         let path = self.base.join(value);
         readable_file(&path)
             .map(|()| path)
@@ -340,8 +349,10 @@ impl Checker<'_> {
             manager,
             leader_election,
             sharding,
+            discovery,
         } = raw;
         let mut errors = Vec::new();
+        let discovering = discovery.as_ref().is_some_and(|d| !d.is_empty());
         let admin = admin.unwrap_or_default();
         let drain_window = kept(
             &mut errors,
@@ -364,7 +375,14 @@ impl Checker<'_> {
         );
         let probe = kept(&mut errors, self.probe(probe.unwrap_or_default()));
         let supervisor = kept(&mut errors, self.supervisor(supervisor.unwrap_or_default()));
-        let remotes = kept(&mut errors, self.remotes(remotes.unwrap_or_default()));
+        let remotes = kept(
+            &mut errors,
+            self.remotes(remotes.unwrap_or_default(), discovering),
+        );
+        let discovery = kept(
+            &mut errors,
+            self.discovery(discovery.unwrap_or_default(), remotes.as_deref()),
+        );
         let leader_election = kept(
             &mut errors,
             self.leader_election(leader_election.unwrap_or_default()),
@@ -387,6 +405,7 @@ impl Checker<'_> {
             Some(remotes),
             Some(leader_election),
             Some(sharding),
+            Some(discovery),
         ) = (
             drain_window,
             admin_address,
@@ -395,6 +414,7 @@ impl Checker<'_> {
             remotes,
             leader_election,
             sharding,
+            discovery,
         )
         else {
             unreachable!("a section without an error has its value");
@@ -409,6 +429,7 @@ impl Checker<'_> {
                 leader_election,
                 sharding,
                 watch,
+                discovery,
             },
             manager,
         ))
@@ -483,9 +504,17 @@ impl Checker<'_> {
         Ok(config)
     }
 
-    fn remotes(&self, raw: Vec<RawRemote>) -> Result<Vec<RemoteSpec>, ConfigError> {
-        if raw.is_empty() {
-            return Err(self.error("remotes", "at least one remote is needed"));
+    /// The static remotes; none only when `discovering` finds them.
+    fn remotes(
+        &self,
+        raw: Vec<RawRemote>,
+        discovering: bool,
+    ) -> Result<Vec<RemoteSpec>, ConfigError> {
+        if raw.is_empty() && !discovering {
+            return Err(self.error(
+                "remotes",
+                "at least one remote is needed, or a discovery source",
+            ));
         }
         let mut seen: BTreeMap<String, usize> = BTreeMap::new();
         let mut remotes = Vec::with_capacity(raw.len());

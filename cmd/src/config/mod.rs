@@ -8,6 +8,8 @@
 //! - `spec.rs`: the checked values, with their domain rules (the kinds the
 //!   watch manager knows, the stop signals, the fence's margin);
 //! - `selector.rs`: the label selector grammar, as the apiserver parses it;
+//! - `discovery.rs`: the `discovery` sources (the Secrets themselves are
+//!   read by `crate::discovery`);
 //! - `remote.rs`: each remote's settings resolved to a kube `Config`;
 //! - `sources.rs`: the files those settings came from, watched;
 //! - `plan.rs`: what this replica's manager runs.
@@ -17,6 +19,7 @@
 
 mod check;
 pub mod defaults;
+pub mod discovery;
 mod plan;
 mod raw;
 pub mod remote;
@@ -33,12 +36,13 @@ use tether_probes::ProbeConfig;
 use tether_supervisor::SupervisorConfig;
 
 use self::check::{Checker, parse_error};
-pub use self::check::{DurationError, FileError, parse_duration, readable_file};
+pub use self::check::{DurationError, FileError, parse_duration, readable_file, valid_name};
+pub use self::discovery::{DiscoverySpec, SecretFormat};
 pub use self::plan::Plan;
 use self::raw::RawConfig;
 pub use self::spec::{
-    ExecSpec, LeaderElectionSpec, ReadinessSpec, RemoteSource, RemoteSpec, ShardingSpec,
-    StopSignal, WatchSpec, WholeSeconds,
+    ExecSpec, LeaderElectionSpec, ReadinessSpec, RemoteSource, RemoteSpec, SecretSource,
+    ShardingSpec, StopSignal, WatchSpec, WholeSeconds,
 };
 
 /// A configuration error: the file, the field path and what is wrong.
@@ -120,6 +124,8 @@ pub struct Config {
     /// Sharing the remotes among replicas, when on: then every replica
     /// runs a manager for its own remotes, and no leader is elected.
     pub sharding: Option<ShardingSpec>,
+    /// Where remotes are discovered, besides the static list.
+    pub discovery: Vec<DiscoverySpec>,
 }
 
 impl Config {
@@ -213,6 +219,7 @@ impl Config {
             command_line: Vec::new(),
             leader_election: None,
             sharding: None,
+            discovery: Vec::new(),
         }
     }
 
@@ -381,7 +388,7 @@ mod tests {
         let err = Config::parse("", "t.yaml", Path::new(".")).expect_err("no remotes");
         assert_eq!(
             err.to_string(),
-            "t.yaml: remotes: at least one remote is needed"
+            "t.yaml: remotes: at least one remote is needed, or a discovery source"
         );
     }
 

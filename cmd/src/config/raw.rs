@@ -14,6 +14,23 @@ pub(super) struct RawConfig {
     pub(super) manager: Option<RawManager>,
     pub(super) leader_election: Option<RawLeaderElection>,
     pub(super) sharding: Option<RawSharding>,
+    pub(super) discovery: Option<Vec<RawDiscovery>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(super) struct RawDiscovery {
+    pub(super) secrets: Option<RawSecrets>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(super) struct RawSecrets {
+    pub(super) namespace: Option<String>,
+    pub(super) format: Option<String>,
+    pub(super) label_selector: Option<String>,
+    pub(super) required: Option<bool>,
+    pub(super) kubeconfig: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

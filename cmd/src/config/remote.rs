@@ -190,8 +190,11 @@ fn check_token(config: &kube::Config) -> Result<(), String> {
 
 /// What must hold of a loaded configuration before tether uses it, and the
 /// changes it makes to it.
-fn finish(mut kube_config: kube::Config, spec: &RemoteSpec) -> Result<kube::Config, FieldError> {
-    let direct = matches!(spec.source, RemoteSource::Direct { .. });
+fn finish(
+    mut kube_config: kube::Config,
+    name: &str,
+    direct: bool,
+) -> Result<kube::Config, FieldError> {
     // Userinfo authenticates nothing for kube; keep it out of every client
     // and so out of every log line. A proxy's too: kube's messages about a
     // proxy quote its URL whole.
@@ -215,7 +218,7 @@ fn finish(mut kube_config: kube::Config, spec: &RemoteSpec) -> Result<kube::Conf
         )
     })?;
     for warning in warnings(&kube_config) {
-        warn!(remote = %spec.name, "{warning}");
+        warn!(remote = %name, "{warning}");
     }
     // A daemon has no terminal: an interactive plugin would inherit tether's
     // stdin and write its stderr, which may hold a token, into the logs.
@@ -283,9 +286,15 @@ pub async fn resolve_one(
                 ),
             )),
         },
+        RemoteSource::Secret(secret) => from_secret(&secret.kubeconfig)
+            .await
+            .map(|c| (c, Vec::new())),
     };
     loaded
-        .and_then(|(kube_config, files)| Ok((finish(kube_config, spec)?, files)))
+        .and_then(|(kube_config, files)| {
+            let direct = matches!(spec.source, RemoteSource::Direct { .. });
+            Ok((finish(kube_config, &spec.name, direct)?, files))
+        })
         .map(|(kube_config, files)| ResolvedRemote {
             name: spec.name.clone(),
             required: spec.required,
@@ -296,6 +305,38 @@ pub async fn resolve_one(
         .map_err(|(field, message)| {
             ConfigError::new(&config.label(), format!("remotes[{index}]{field}"), message)
         })
+}
+
+/// The kube configuration of a kubeconfig a Secret carried: its current
+/// context, with no file to read.
+async fn from_secret(kubeconfig: &Kubeconfig) -> Result<kube::Config, FieldError> {
+    kube::Config::from_custom_kubeconfig(kubeconfig.clone(), &KubeConfigOptions::default())
+        .await
+        .map_err(|e| ("", root(&e)))
+}
+
+/// A remote a discovery source found: `secret`'s kubeconfig, loaded and
+/// checked as a configured remote's is.
+///
+/// # Errors
+///
+/// What is wrong, in words that hold none of the Secret's data.
+pub async fn discovered(
+    name: &str,
+    required: bool,
+    secret: Arc<super::SecretSource>,
+) -> Result<ResolvedRemote, String> {
+    let config = from_secret(&secret.kubeconfig)
+        .await
+        .and_then(|config| finish(config, name, false))
+        .map_err(|(_, message)| message)?;
+    Ok(ResolvedRemote {
+        name: name.to_owned(),
+        required,
+        source: RemoteSource::Secret(secret),
+        config: Arc::new(config),
+        files: Vec::new(),
+    })
 }
 
 /// What an operator should know about how a remote is reached: the
@@ -368,6 +409,12 @@ pub async fn resolve(config: &Config) -> Result<Vec<ResolvedRemote>, ConfigError
         remotes.push(resolve_one(config, index, spec).await?);
     }
     Ok(remotes)
+}
+
+/// The remotes' names.
+#[must_use]
+pub fn names(remotes: &[ResolvedRemote]) -> std::collections::BTreeSet<String> {
+    remotes.iter().map(|r| r.name.clone()).collect()
 }
 
 /// The remotes as the probes take them.

@@ -45,6 +45,39 @@ pub enum RemoteSource {
     /// In a pod, the in-cluster config; elsewhere the current kubeconfig
     /// context. Only when tether runs without a config file.
     Inferred,
+    /// A Secret of the home cluster, found by a `discovery` source.
+    Secret(std::sync::Arc<SecretSource>),
+}
+
+/// A discovered remote's Secret, and the kubeconfig read from it.
+#[derive(Clone)]
+pub struct SecretSource {
+    /// The namespace it is in.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// A digest of its data: the same digest, the same settings.
+    pub digest: Vec<u8>,
+    /// How to reach the cluster, credentials included (never logged).
+    pub kubeconfig: kube::config::Kubeconfig,
+}
+
+impl PartialEq for SecretSource {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.namespace, &self.name, &self.digest)
+            == (&other.namespace, &other.name, &other.digest)
+    }
+}
+
+impl Eq for SecretSource {}
+
+impl fmt::Debug for SecretSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SecretSource")
+            .field("namespace", &self.namespace)
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
 }
 
 /// One configured remote.
@@ -322,6 +355,7 @@ impl fmt::Display for RemoteSource {
                 Ok(())
             }
             Self::Inferred => f.write_str("in-cluster config, or the current kubeconfig context"),
+            Self::Secret(secret) => write!(f, "Secret {}/{}", secret.namespace, secret.name),
         }
     }
 }

@@ -25,14 +25,14 @@ use tracing::{error, info};
 use crate::admin::{self, Admin, Heartbeats, Sources};
 use crate::config::remote::{self, ResolvedRemote};
 use crate::config::{Config, ConfigError, Plan};
+use crate::discovery::{self, Discovery};
 use crate::lease::election::{Election, ElectionHandle};
-use crate::lease::shard::Sharding;
 use crate::managers;
 
 use self::reload::{CONFIG_POLL, sweep_every};
 pub use self::wiring::preflight;
 use self::wiring::{
-    EventsRunning, Recheck, Sharded, exec_command, gated, held, listen, new_probes, new_registry,
+    EventsRunning, Recheck, Sharded, exec_command, gated, listen, new_probes, new_registry,
     new_sharding, rechecks, run_election, setup, start_election, start_events,
 };
 
@@ -86,9 +86,13 @@ pub struct Daemon {
     admin_stop: CancellationToken,
     /// The election's task, its stop, and the election, for the release.
     elected: Option<(Arc<Election>, CancellationToken, JoinHandle<()>)>,
-    /// Every configured remote, resolved; with sharding, the manager and
-    /// the probes get the ones this replica holds.
+    /// Every configured remote, resolved, in config order; with sharding,
+    /// the manager and the probes get the ones this replica holds.
     resolved: Vec<ResolvedRemote>,
+    /// The home cluster's Secrets, read for remotes, when discovery is on.
+    discovery: Option<Arc<Discovery>>,
+    /// The remotes discovery gives, after the static ones.
+    discovered: Vec<ResolvedRemote>,
     /// The sharding, when on.
     sharded: Option<Sharded>,
     /// Probes asking to have their remotes' files re-read (a TLS failure or
@@ -112,17 +116,15 @@ impl Daemon {
         let (listener, admin_address) = listen(config.admin_address).await?;
 
         let (registry, reloads) = new_registry()?;
+        let (discovery, discovered) = start_discovery(&config, &registry, &remotes).await?;
+        let all: Vec<ResolvedRemote> = remotes.iter().chain(&discovered).cloned().collect();
 
         // With sharding, this replica runs only what it holds: nothing
         // until its first round among the members.
-        let sharding = new_sharding(&config, &registry).await?;
-        let shard = sharding.as_ref().map(Sharding::handle);
-        if let Some(shard) = &shard {
-            shard.set_remotes(remote::keys(&remotes));
-        }
-        let running = held(&remotes, shard.as_ref());
+        let (sharding, shard, running) = new_sharding(&config, &registry, &all).await?;
         let holds_any = !running.is_empty();
-        let probe_set = new_probes(&config, &registry, &running)?;
+        let targets = probe_targets(&running, discovery.as_deref());
+        let probe_set = new_probes(&config, &registry, &targets)?;
         let probes = probe_set.handle();
         let (manager, manager_handle) = managers::build(
             Plan::new(&config, running),
@@ -150,6 +152,7 @@ impl Daemon {
             manager: Arc::new(manager_handle.clone()),
             election: election_handle.clone(),
             shard: shard.clone(),
+            discovery: discovery.clone(),
             draining: Arc::clone(&draining),
         };
         let heartbeats = Heartbeats {
@@ -185,6 +188,7 @@ impl Daemon {
         info!(
             admin = %admin_address,
             remotes = config.remotes.len(),
+            discovered = discovered.len(),
             config = %config.label(),
             "tether started"
         );
@@ -205,6 +209,8 @@ impl Daemon {
             admin_stop,
             elected,
             resolved: remotes,
+            discovery,
+            discovered,
             sharded,
             events,
         })
@@ -217,6 +223,9 @@ impl Daemon {
     pub async fn shutdown(self) -> ShutdownOutcome {
         self.draining.store(true, Ordering::SeqCst);
         let drained = tokio::time::Instant::now() + self.config.drain_window;
+        if let Some(discovery) = &self.discovery {
+            discovery.stop();
+        }
         info!(window = ?self.config.drain_window, "draining: readiness off; stopping the manager");
         self.root.cancel();
         let outcome = match self.run.await {
@@ -264,10 +273,12 @@ impl Daemon {
         } = signals;
         let mut poll = tokio::time::interval(CONFIG_POLL);
         let mut next_sweep = tokio::time::Instant::now();
-        // Without sharding, a receiver that never changes.
+        // Without sharding, or discovery, receivers that never change.
         let (_never, idle) = tokio::sync::watch::channel(std::collections::BTreeSet::new());
+        let (_quiet, silent) = tokio::sync::watch::channel(0);
         // A change made before this loop began is seen at its first turn.
         let mut holding = self.sharded.as_ref().map_or(idle, |s| s.handle.holding());
+        let mut discovered = self.discovery.as_ref().map_or(silent, |d| d.changes());
         let mut seen = self
             .config
             .file
@@ -288,6 +299,7 @@ impl Daemon {
                     seen = self.config.file.as_ref().and_then(|f| std::fs::read(f).ok());
                 }
                 Ok(()) = holding.changed() => self.apply_holding(),
+                Ok(()) = discovered.changed() => self.apply_discovered(),
                 Some((names, done)) = rechecks.recv() => {
                     self.refresh_remotes(Some(&names)).await;
                     let _ = done.send(());
@@ -324,6 +336,46 @@ impl Daemon {
             ShutdownOutcome::GraceExceeded => 1,
         }
     }
+}
+
+/// Discovery, when the config has sources: its reflectors started, their
+/// first lists waited for (at most [`discovery::FIRST_LIST_WAIT`]), and
+/// the remotes they give beside the static `remotes`.
+async fn start_discovery(
+    config: &Config,
+    registry: &prometheus::Registry,
+    remotes: &[ResolvedRemote],
+) -> Result<(Option<Arc<Discovery>>, Vec<ResolvedRemote>), StartError> {
+    if config.discovery.is_empty() {
+        return Ok((None, Vec::new()));
+    }
+    let discovery = Discovery::start(&config.discovery, registry)
+        .await
+        .map_err(|err| match err {
+            discovery::Error::Config(message) => StartError::Config(ConfigError::new(
+                &config.label(),
+                "discovery[0].secrets.kubeconfig",
+                message,
+            )),
+            other => StartError::Setup {
+                what: "discovery",
+                source: other.into(),
+            },
+        })?;
+    discovery.first_lists(discovery::FIRST_LIST_WAIT).await;
+    let discovered = discovery.remotes(&remote::names(remotes));
+    Ok((Some(Arc::new(discovery)), discovered))
+}
+
+/// What the probes run: this replica's remotes, and the home cluster while
+/// discovery reads it.
+fn probe_targets(
+    running: &[ResolvedRemote],
+    discovery: Option<&Discovery>,
+) -> Vec<tether_probes::Remote> {
+    let mut probed = remote::probed(running);
+    probed.extend(discovery.map(Discovery::home));
+    probed
 }
 
 /// The daemon's signal handlers: SIGTERM and SIGINT stop it, SIGHUP

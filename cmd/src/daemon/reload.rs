@@ -8,8 +8,8 @@ use std::time::Duration;
 use tether_supervisor::Cause;
 use tracing::{error, info, warn};
 
-use super::Daemon;
 use super::wiring::{Sharded, held};
+use super::{Daemon, probe_targets};
 use crate::config::remote::{self, ResolvedRemote};
 use crate::config::sources::{self, Role};
 use crate::config::{Config, ConfigError, Plan};
@@ -86,6 +86,10 @@ impl Daemon {
                 info!(remote = %remote.name, "{} changed; client rebuilt", sources::shown(&changed));
             }
         }
+        // A static remote takes its name back from a discovered one.
+        if let Some(discovery) = &self.discovery {
+            self.discovered = discovery.remotes(&remote::names(&remotes));
+        }
         self.sync_remotes(&remotes, &next).map_err(|err| {
             ConfigError::new(
                 &next.label(),
@@ -112,20 +116,83 @@ impl Daemon {
     }
 
     /// Probes, and plans for the manager's next cycle, the remotes of
-    /// `remotes` this replica holds.
+    /// `statics` and those discovered that this replica holds.
     fn sync_remotes(
         &self,
-        remotes: &[ResolvedRemote],
+        statics: &[ResolvedRemote],
         config: &Config,
     ) -> tether_probes::Result<()> {
+        let all = self.with_discovered(statics);
         let shard = self.sharded.as_ref().map(|s| &s.handle);
         if let Some(shard) = shard {
-            shard.set_remotes(remote::keys(remotes));
+            shard.set_remotes(remote::keys(&all));
         }
-        let running = held(remotes, shard);
-        self.probe_set.sync(&remote::probed(&running))?;
+        let running = held(&all, shard);
+        self.probe_set
+            .sync(&probe_targets(&running, self.discovery.as_deref()))?;
         self.manager.update(Plan::new(config, running));
         Ok(())
+    }
+
+    /// `statics`, then the discovered remotes.
+    fn with_discovered(&self, statics: &[ResolvedRemote]) -> Vec<ResolvedRemote> {
+        statics.iter().chain(&self.discovered).cloned().collect()
+    }
+
+    /// Takes the discovered set anew after a Secret appeared, changed or
+    /// went, or a source's list or watch turned: probes for the new
+    /// remotes (the others' keep running), none for those gone, and, if
+    /// what this replica's manager runs changed, a new plan and the end of
+    /// the cycle (`config_changed`), as a reload does.
+    pub(super) fn apply_discovered(&mut self) {
+        let Some(discovery) = &self.discovery else {
+            return;
+        };
+        let found = discovery.remotes(&remote::names(&self.resolved));
+        let same = |a: &ResolvedRemote, b: &ResolvedRemote| {
+            a.name == b.name && a.required == b.required && Arc::ptr_eq(&a.config, &b.config)
+        };
+        if found.len() == self.discovered.len()
+            && found.iter().zip(&self.discovered).all(|(a, b)| same(a, b))
+        {
+            return;
+        }
+        let before: std::collections::BTreeMap<&str, &ResolvedRemote> = self
+            .discovered
+            .iter()
+            .map(|r| (r.name.as_str(), r))
+            .collect();
+        let added = found
+            .iter()
+            .filter(|r| !before.contains_key(r.name.as_str()))
+            .count();
+        let rebuilt = found
+            .iter()
+            .filter(|r| before.get(r.name.as_str()).is_some_and(|b| !same(r, b)))
+            .count();
+        let removed = before.len() + added - found.len();
+        let planned = self.manager.plan();
+        self.discovered = found;
+        if let Err(err) = self.sync_remotes(&self.resolved, &self.config) {
+            error!(error = %err, "applying the discovered remotes failed; the probes keep what they had");
+            return;
+        }
+        let now = self.manager.plan();
+        let runs_the_same = planned.remotes.len() == now.remotes.len()
+            && planned
+                .remotes
+                .iter()
+                .zip(&now.remotes)
+                .all(|(a, b)| same(a, b));
+        let ended = !runs_the_same && self.supervisor.end_cycle(Cause::ConfigChanged);
+        info!(
+            added,
+            removed,
+            rebuilt,
+            discovered = self.discovered.len(),
+            "the discovered remotes changed{}",
+            if ended { "; the cycle ends" } else { "" }
+        );
     }
 
     /// Re-reads the files of the remotes named (every remote, with `None`)
@@ -224,16 +291,18 @@ impl Daemon {
         else {
             return;
         };
-        let running = held(&self.resolved, Some(shard));
-        let before: std::collections::BTreeSet<String> =
-            self.probes.status().into_iter().map(|r| r.name).collect();
+        let running = held(&self.with_discovered(&self.resolved), Some(shard));
+        let before = remote::names(&self.manager.plan().remotes);
         let now: std::collections::BTreeSet<String> =
             running.iter().map(|r| r.name.clone()).collect();
         if now == before {
             shard.applied(now);
             return;
         }
-        if let Err(err) = self.probe_set.sync(&remote::probed(&running)) {
+        if let Err(err) = self
+            .probe_set
+            .sync(&probe_targets(&running, self.discovery.as_deref()))
+        {
             // The remotes were resolved and synced before; a subset cannot
             // fail, but if it did, the old set stays probed.
             error!(error = %err, "applying this replica's share failed");

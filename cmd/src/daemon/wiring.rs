@@ -13,7 +13,7 @@ use tracing::warn;
 
 use super::StartError;
 use crate::admin;
-use crate::config::remote::{self, ResolvedRemote};
+use crate::config::remote::ResolvedRemote;
 use crate::config::{Config, ConfigError};
 use crate::events::{Events, Publisher};
 use crate::lease::election::{self, Election, ElectionHandle};
@@ -140,16 +140,14 @@ impl Sharded {
     }
 }
 
-/// The probes of `running`, their metrics in `registry`.
+/// The probes of `targets`, their metrics in `registry`.
 pub(super) fn new_probes(
     config: &Config,
     registry: &Registry,
-    running: &[ResolvedRemote],
+    targets: &[tether_probes::Remote],
 ) -> Result<ProbeSet, StartError> {
     let probe_set = ProbeSet::new(config.probe.clone(), registry).map_err(setup("probes"))?;
-    probe_set
-        .sync(&remote::probed(running))
-        .map_err(setup("probes"))?;
+    probe_set.sync(targets).map_err(setup("probes"))?;
     Ok(probe_set)
 }
 
@@ -261,8 +259,8 @@ pub(super) fn exec_command(config: &Config) -> Result<(), StartError> {
 }
 
 /// Checks what `run` needs beyond the config file itself, without starting
-/// anything: the client of the leader election's (or sharding's) Lease, and
-/// the exec manager's command. `validate` and `check` run it; so does
+/// anything: the client of the leader election's (or sharding's) Lease, the
+/// home cluster's config for discovery, and the exec manager's command. `validate` and `check` run it; so does
 /// [`Daemon::start`], first.
 ///
 /// # Errors
@@ -271,6 +269,17 @@ pub(super) fn exec_command(config: &Config) -> Result<(), StartError> {
 /// anything else.
 pub async fn preflight(config: &Config) -> Result<(), StartError> {
     exec_command(config)?;
+    if let Some(source) = config.discovery.first() {
+        crate::discovery::home_config(source.kubeconfig.as_deref())
+            .await
+            .map_err(|err| {
+                StartError::Config(ConfigError::new(
+                    &config.label(),
+                    "discovery[0].secrets.kubeconfig",
+                    err.to_string(),
+                ))
+            })?;
+    }
     if let Some(spec) = &config.leader_election {
         let what = if config.sharding.is_some() {
             "sharding"
@@ -322,18 +331,25 @@ pub(super) fn new_registry() -> Result<(Registry, IntCounterVec), StartError> {
     Ok((registry, reloads))
 }
 
-/// The sharding `config` asks for, if any, not yet running.
+/// The sharding `config` asks for, if any, not yet running, and its
+/// handle, told of `all` the remotes; and those this replica runs: all of
+/// them without sharding, none until its first round among the members
+/// with it.
 pub(super) async fn new_sharding(
     config: &Config,
     registry: &Registry,
-) -> Result<Option<Sharding>, StartError> {
+    all: &[ResolvedRemote],
+) -> Result<(Option<Sharding>, Option<ShardHandle>, Vec<ResolvedRemote>), StartError> {
     let (Some(sharding), Some(election)) = (&config.sharding, &config.leader_election) else {
-        return Ok(None);
+        return Ok((None, None, all.to_vec()));
     };
-    Sharding::new(election.clone(), sharding, registry)
+    let sharding = Sharding::new(election.clone(), sharding, registry)
         .await
-        .map(Some)
-        .map_err(lease_error(config, "sharding"))
+        .map_err(lease_error(config, "sharding"))?;
+    let shard = sharding.handle();
+    shard.set_remotes(crate::config::remote::keys(all));
+    let running = held(all, Some(&shard));
+    Ok((Some(sharding), Some(shard), running))
 }
 
 /// The remotes of `resolved` that `shard` lets this replica run: all of

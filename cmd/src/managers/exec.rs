@@ -352,7 +352,8 @@ struct RemoteEntry<'a> {
 
 /// Writes, into `dir`, the file that tells a process its remotes, and a
 /// kubeconfig for each remote configured by direct fields (naming the CA
-/// and token files by path: no secret is copied). Returns the file.
+/// and token files by path: no secret is copied) or discovered (the
+/// Secret's kubeconfig, mode 0600). Returns the file.
 fn write_remotes(dir: &Path, cycle: u64, remotes: &[ResolvedRemote]) -> std::io::Result<PathBuf> {
     let absolute = |p: &Path| std::path::absolute(p);
     let mut entries = Vec::with_capacity(remotes.len());
@@ -385,6 +386,14 @@ fn write_remotes(dir: &Path, cycle: u64, remotes: &[ResolvedRemote]) -> std::io:
                 (Some(path), None)
             }
             RemoteSource::Inferred => (None, None),
+            RemoteSource::Secret(secret) => {
+                // The process gets the discovered cluster as a kubeconfig
+                // file of its own, readable by tether's user alone, in
+                // tether's private folder.
+                let path = dir.join(format!("{}.kubeconfig", remote.name));
+                replace_private_file(&path, &serde_json::to_vec_pretty(&secret.kubeconfig)?)?;
+                (Some(path), None)
+            }
         };
         entries.push(RemoteEntry {
             name: &remote.name,
@@ -406,6 +415,23 @@ fn write_remotes(dir: &Path, cycle: u64, remotes: &[ResolvedRemote]) -> std::io:
 fn replace_file(path: &Path, body: &[u8]) -> std::io::Result<()> {
     let next = path.with_extension("next");
     std::fs::write(&next, body)?;
+    std::fs::rename(&next, path)
+}
+
+/// As [`replace_file`], the file readable and writable by its owner alone
+/// from the start: it holds credentials.
+fn replace_private_file(path: &Path, body: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+
+    let next = path.with_extension("next");
+    let _ = std::fs::remove_file(&next);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&next)?
+        .write_all(body)?;
     std::fs::rename(&next, path)
 }
 

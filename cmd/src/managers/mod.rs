@@ -129,6 +129,15 @@ impl Handle {
         }
     }
 
+    /// The plan the next cycle runs.
+    #[must_use]
+    pub fn plan(&self) -> std::sync::Arc<Plan> {
+        match self {
+            Self::Watch(handle) => handle.plan(),
+            Self::Exec(handle) => handle.plan(),
+        }
+    }
+
     /// At a second signal: SIGKILL to the manager's process, if it runs
     /// one. Whether it does.
     #[must_use]

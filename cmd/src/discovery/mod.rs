@@ -1,0 +1,338 @@
+//! Remotes discovered from the home cluster's Secrets, in the formats fleets
+//! already keep (Argo CD, Cluster API, multicluster-runtime's kubeconfig
+//! provider).
+//!
+//! - `secret.rs`: one Secret read as a cluster, or why not, by field;
+//! - `source.rs`: one source's reflector (list, then watch), which reads
+//!   each Secret once per change of its data;
+//! - here: the sources together, the names they give merged with the
+//!   static remotes', the home cluster's probe, the metrics and the status.
+//!
+//! The daemon hears of each change through [`Discovery::changes`], takes
+//! the set with [`Discovery::remotes`], and hands it on as it does a
+//! reload's: probes for the new remotes, none for those gone, and a new
+//! plan for the manager.
+
+pub mod secret;
+mod source;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use prometheus::{IntGaugeVec, Opts, Registry};
+use tether_probes::Remote;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use self::secret::Skipped;
+use self::source::{Known, Outcome, Source};
+use crate::config::DiscoverySpec;
+use crate::config::discovery::HOME;
+use crate::config::remote::ResolvedRemote;
+use crate::lock;
+
+/// How long tether waits at start for every source's first list, so that
+/// its first cycle runs the discovered remotes too. A home cluster that does
+/// not answer in time delays nothing further: its remotes join when it does.
+pub const FIRST_LIST_WAIT: Duration = Duration::from_secs(30);
+
+/// Why discovery cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The home cluster's kubeconfig (or the in-cluster config) cannot be
+    /// loaded.
+    #[error("cannot load the home cluster's config: {0}")]
+    Config(String),
+    /// Its client cannot be built.
+    #[error("cannot build the home cluster's client: {0}")]
+    Client(String),
+    /// The metrics' names are taken.
+    #[error("registering the discovery metrics failed")]
+    Metrics(#[from] prometheus::Error),
+}
+
+/// The home cluster's connection settings: `kubeconfig`, or in-cluster.
+///
+/// # Errors
+///
+/// [`Error::Config`].
+pub async fn home_config(kubeconfig: Option<&Path>) -> Result<kube::Config, Error> {
+    let root = |e: &(dyn std::error::Error + 'static)| tether_probes::client::root_cause(e);
+    match kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| Error::Config(format!("{}: {}", path.display(), root(&e))))?;
+            kube::Config::from_custom_kubeconfig(
+                kubeconfig,
+                &kube::config::KubeConfigOptions::default(),
+            )
+            .await
+            .map_err(|e| Error::Config(format!("{}: {}", path.display(), root(&e))))
+        }
+        None => kube::Config::incluster()
+            .map_err(|e| Error::Config(format!("no in-cluster config: {}", root(&e)))),
+    }
+}
+
+/// One discovered Secret that is skipped, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkippedSecret {
+    /// The Secret's name.
+    pub secret: String,
+    /// The field, and what is wrong.
+    pub skipped: Skipped,
+}
+
+/// A source as `/status` shows it.
+#[derive(Debug, Clone)]
+pub struct SourceStatus {
+    /// `<namespace>/<format>`.
+    pub source: String,
+    /// The label selector its Secrets are listed with.
+    pub selector: String,
+    /// Whether the remotes it finds are required.
+    pub required: bool,
+    /// Whether it has listed its Secrets once.
+    pub listed: bool,
+    /// When it last listed them whole.
+    pub listed_at: Option<SystemTime>,
+    /// The remotes it gives.
+    pub remotes: usize,
+    /// Its Secrets that are skipped, by name.
+    pub skipped: Vec<SkippedSecret>,
+    /// Why its list or watch fails, and since when.
+    pub failing: Option<(String, SystemTime)>,
+}
+
+/// The merged set as last taken: what `/status` and the metrics show.
+#[derive(Debug, Default)]
+struct Merged {
+    /// Per source: remotes given, and Secrets skipped (their own errors and
+    /// names already taken).
+    per_source: Vec<(usize, Vec<SkippedSecret>)>,
+}
+
+/// The running discovery: one reflector per source on one home cluster.
+#[derive(Debug)]
+pub struct Discovery {
+    sources: Vec<Arc<Source>>,
+    home: Remote,
+    changes: watch::Receiver<u64>,
+    merged: Mutex<Merged>,
+    errors: IntGaugeVec,
+    found: IntGaugeVec,
+    stop: CancellationToken,
+}
+
+impl Discovery {
+    /// Starts a reflector for each of `specs` (at least one; they share one
+    /// home cluster). Its metrics go in `registry`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error`]: the home cluster's config or client, or the metrics.
+    pub async fn start(specs: &[DiscoverySpec], registry: &Registry) -> Result<Self, Error> {
+        let kubeconfig = specs.first().and_then(|s| s.kubeconfig.clone());
+        let config = home_config(kubeconfig.as_deref()).await?;
+        let home = Remote::new(HOME.to_owned(), Arc::new(config.clone()));
+        // Off the workers: an exec credential plugin runs in the build.
+        let client = tether_probes::client::once_off_workers(move || {
+            tether_probes::client::bounded_client(config)
+        })
+        .await
+        .map_err(|e| Error::Client(e.to_string()))?
+        .map_err(|e| Error::Client(tether_probes::client::root_cause(&e)))?;
+        let errors = IntGaugeVec::new(
+            Opts::new(
+                "tether_discovery_errors",
+                "1 for each discovered Secret that is skipped: it does not read as a cluster, or its name is taken.",
+            ),
+            &["source", "secret"],
+        )?;
+        let found = IntGaugeVec::new(
+            Opts::new(
+                "tether_discovery_remotes",
+                "The remotes each discovery source gives.",
+            ),
+            &["source"],
+        )?;
+        registry.register(Box::new(errors.clone()))?;
+        registry.register(Box::new(found.clone()))?;
+        let (notify, changes) = watch::channel(0);
+        let stop = CancellationToken::new();
+        let sources: Vec<Arc<Source>> = specs
+            .iter()
+            .map(|spec| {
+                found.with_label_values(&[&spec.label()]).set(0);
+                Arc::new(Source {
+                    spec: spec.clone(),
+                    known: Mutex::new(Known::default()),
+                })
+            })
+            .collect();
+        for source in &sources {
+            tokio::spawn(Arc::clone(source).run(client.clone(), notify.clone(), stop.clone()));
+        }
+        Ok(Self {
+            sources,
+            home,
+            changes,
+            merged: Mutex::new(Merged::default()),
+            errors,
+            found,
+            stop,
+        })
+    }
+
+    /// Waits until every source has listed its Secrets once, or `within`
+    /// has passed. Whether they all have.
+    pub async fn first_lists(&self, within: Duration) -> bool {
+        let mut changes = self.changes.clone();
+        let listed = || self.sources.iter().all(|s| lock(&s.known).listed);
+        let wait = async {
+            while !listed() {
+                if changes.changed().await.is_err() {
+                    return;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(within, wait).await;
+        let all = listed();
+        if !all {
+            warn!(waited = ?within, "the home cluster's Secrets are not all listed yet; tether starts with the remotes it knows, and adds the rest when they come");
+        }
+        all
+    }
+
+    /// Says when what the sources know changes.
+    #[must_use]
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.changes.clone()
+    }
+
+    /// The home cluster, probed as a remote is.
+    #[must_use]
+    pub fn home(&self) -> Remote {
+        self.home.clone()
+    }
+
+    /// The discovered remotes, sources in config order and each source's
+    /// in Secret name order. A name that a static remote (`taken`) or an
+    /// earlier Secret already has is an error on the later Secret. The
+    /// metrics and the status follow.
+    pub fn remotes(&self, taken: &BTreeSet<String>) -> Vec<ResolvedRemote> {
+        let mut names: BTreeMap<String, String> = taken
+            .iter()
+            .map(|n| (n.clone(), "a static remote".to_owned()))
+            .collect();
+        let mut remotes = Vec::new();
+        let mut per_source = Vec::with_capacity(self.sources.len());
+        for source in &self.sources {
+            let label = source.spec.label();
+            let known = lock(&source.known);
+            let mut given = 0;
+            let mut skipped = Vec::new();
+            for (secret, entry) in &known.secrets {
+                match &entry.outcome {
+                    Outcome::Ignored => {}
+                    Outcome::Skipped(why) => skipped.push(SkippedSecret {
+                        secret: secret.clone(),
+                        skipped: why.clone(),
+                    }),
+                    Outcome::Found(remote) => {
+                        if let Some(holder) = names.get(&remote.name) {
+                            skipped.push(SkippedSecret {
+                                secret: secret.clone(),
+                                skipped: Skipped {
+                                    field: "name".to_owned(),
+                                    message: format!(
+                                        "{:?} is already the name of {holder}",
+                                        remote.name
+                                    ),
+                                },
+                            });
+                            continue;
+                        }
+                        names.insert(
+                            remote.name.clone(),
+                            format!("Secret {}/{secret}", source.spec.namespace),
+                        );
+                        remotes.push(remote.clone());
+                        given += 1;
+                    }
+                }
+            }
+            drop(known);
+            self.found.with_label_values(&[&label]).set(given);
+            per_source.push((usize::try_from(given).unwrap_or(0), skipped));
+        }
+        self.export_errors(&per_source);
+        lock(&self.merged).per_source = per_source;
+        remotes
+    }
+
+    /// `tether_discovery_errors`: a series for each Secret skipped now, and
+    /// none for those fixed or gone.
+    fn export_errors(&self, per_source: &[(usize, Vec<SkippedSecret>)]) {
+        let now: BTreeSet<(String, String)> = self
+            .sources
+            .iter()
+            .zip(per_source)
+            .flat_map(|(source, (_, skipped))| {
+                let label = source.spec.label();
+                skipped
+                    .iter()
+                    .map(move |s| (label.clone(), s.secret.clone()))
+            })
+            .collect();
+        let before: BTreeSet<(String, String)> = lock(&self.merged)
+            .per_source
+            .iter()
+            .zip(&self.sources)
+            .flat_map(|((_, skipped), source)| {
+                let label = source.spec.label();
+                skipped
+                    .iter()
+                    .map(move |s| (label.clone(), s.secret.clone()))
+            })
+            .collect();
+        for (source, secret) in before.difference(&now) {
+            let _ = self.errors.remove_label_values(&[source, secret]);
+        }
+        for (source, secret) in &now {
+            self.errors.with_label_values(&[source, secret]).set(1);
+        }
+    }
+
+    /// Each source as `/status` shows it.
+    #[must_use]
+    pub fn status(&self) -> Vec<SourceStatus> {
+        let merged = lock(&self.merged);
+        self.sources
+            .iter()
+            .enumerate()
+            .map(|(i, source)| {
+                let known = lock(&source.known);
+                let (remotes, skipped) = merged.per_source.get(i).cloned().unwrap_or_default();
+                SourceStatus {
+                    source: source.spec.label(),
+                    selector: source.spec.selector(),
+                    required: source.spec.required,
+                    listed: known.listed,
+                    listed_at: known.listed_at,
+                    remotes,
+                    skipped,
+                    failing: known.failing.clone(),
+                }
+            })
+            .collect()
+    }
+
+    /// Stops every reflector.
+    pub fn stop(&self) {
+        self.stop.cancel();
+    }
+}

@@ -1,0 +1,238 @@
+//! One source's reflector: its Secrets listed, then watched (with
+//! bookmarks), each read as a cluster once per change of its data.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use futures_util::StreamExt as _;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::Api;
+use kube::runtime::watcher;
+use tether_supervisor::{Backoff, BackoffConfig};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::secret::{self, Skipped};
+use crate::config::remote::{self, ResolvedRemote};
+use crate::config::{DiscoverySpec, SecretSource};
+use crate::lock;
+
+/// How a failing list or watch is retried: 1s doubling to 30s, ±20%, reset
+/// by an answer. Each retry lists anew, so that a set changed during an
+/// outage is reconciled whole.
+const RETRY: BackoffConfig = BackoffConfig {
+    initial: Duration::from_secs(1),
+    max: Duration::from_secs(30),
+    factor: 2.0,
+    jitter: 0.2,
+};
+
+/// What one Secret gave.
+#[derive(Debug, Clone)]
+pub(super) enum Outcome {
+    /// A remote.
+    Found(ResolvedRemote),
+    /// Nothing: it is not a cluster of this format (Cluster API's other
+    /// Secrets of a cluster).
+    Ignored,
+    /// An error on this Secret alone.
+    Skipped(Skipped),
+}
+
+/// One Secret as last read: the digest of what it was read from, and what
+/// it gave.
+#[derive(Debug, Clone)]
+pub(super) struct Entry {
+    digest: Vec<u8>,
+    pub(super) outcome: Outcome,
+}
+
+/// What a source knows, as its reflector keeps it.
+#[derive(Debug, Default)]
+pub(super) struct Known {
+    /// Whether it has listed its Secrets once: until then, it knows none.
+    pub(super) listed: bool,
+    /// When it last listed them whole.
+    pub(super) listed_at: Option<SystemTime>,
+    /// Its Secrets by name, in name order.
+    pub(super) secrets: BTreeMap<String, Entry>,
+    /// Why its list or watch fails, and since when; `None` while it works.
+    pub(super) failing: Option<(String, SystemTime)>,
+}
+
+/// A running source: what it knows, shared with the discovery.
+#[derive(Debug)]
+pub(super) struct Source {
+    pub(super) spec: DiscoverySpec,
+    pub(super) known: Mutex<Known>,
+}
+
+/// A digest of what a Secret is read from: its name, labels and data.
+fn digest(secret: &Secret) -> Vec<u8> {
+    let mut context = ring::digest::Context::new(&ring::digest::SHA256);
+    let mut add = |bytes: &[u8]| {
+        context.update(&(bytes.len() as u64).to_le_bytes());
+        context.update(bytes);
+    };
+    add(secret
+        .metadata
+        .name
+        .as_deref()
+        .unwrap_or_default()
+        .as_bytes());
+    for (key, value) in secret.metadata.labels.iter().flatten() {
+        add(key.as_bytes());
+        add(value.as_bytes());
+    }
+    for (key, value) in secret.data.iter().flatten() {
+        add(key.as_bytes());
+        add(&value.0);
+    }
+    context.finish().as_ref().to_vec()
+}
+
+impl Source {
+    /// What `secret` gives: the last entry again if its data is unchanged
+    /// (its probe keeps its client and connection), else read anew. A
+    /// Secret that is skipped is logged here, once per change.
+    async fn read(&self, secret: &Secret, last: Option<Entry>) -> Entry {
+        let digest = digest(secret);
+        if let Some(last) = last
+            && last.digest == digest
+        {
+            return last;
+        }
+        let name = secret.metadata.name.clone().unwrap_or_default();
+        let outcome = match secret::read(self.spec.format, secret) {
+            Ok(None) => Outcome::Ignored,
+            Err(skipped) => Outcome::Skipped(skipped),
+            Ok(Some(found)) => {
+                let source = Arc::new(SecretSource {
+                    namespace: self.spec.namespace.clone(),
+                    name: name.clone(),
+                    digest: digest.clone(),
+                    kubeconfig: found.kubeconfig,
+                });
+                match remote::discovered(&found.name, self.spec.required, source).await {
+                    Ok(remote) => Outcome::Found(remote),
+                    Err(message) => Outcome::Skipped(Skipped {
+                        field: "data".to_owned(),
+                        message,
+                    }),
+                }
+            }
+        };
+        if let Outcome::Skipped(skipped) = &outcome {
+            warn!(
+                source = %self.spec.label(),
+                secret = %tether_supervisor::printable(&name, 253),
+                field = %skipped.field,
+                error = %skipped.message,
+                "a discovered Secret is skipped; every other remote runs on"
+            );
+        }
+        Entry { digest, outcome }
+    }
+
+    /// Lists and watches the source's Secrets with `client` until `stop`,
+    /// telling `changed` after each change of what it knows.
+    pub(super) async fn run(
+        self: Arc<Self>,
+        client: kube::Client,
+        changed: watch::Sender<u64>,
+        stop: CancellationToken,
+    ) {
+        let api: Api<Secret> = Api::namespaced(client, &self.spec.namespace);
+        // The first list from the apiserver's watch cache: at thousands of
+        // Secrets, far cheaper for it than a quorum read.
+        let config = watcher::Config::default()
+            .labels(&self.spec.selector())
+            .any_semantic();
+        let label = self.spec.label();
+        let mut retry = Backoff::new(RETRY);
+        let mut failures = 0u32;
+        loop {
+            let mut stream = watcher(api.clone(), config.clone()).boxed();
+            // The Secrets of a list in progress; the set is replaced whole
+            // at its end, so that those deleted meanwhile go.
+            let mut listing: Option<BTreeMap<String, Entry>> = None;
+            let error = loop {
+                let event = tokio::select! {
+                    () = stop.cancelled() => return,
+                    event = stream.next() => event,
+                };
+                let event = match event {
+                    None => break "the watch ended".to_owned(),
+                    Some(Err(err)) => break tether_probes::client::root_cause(&err),
+                    Some(Ok(event)) => event,
+                };
+                if !matches!(event, watcher::Event::Init) && failures > 0 {
+                    info!(source = %label, failures, "the home cluster answers again: listing its Secrets");
+                    failures = 0;
+                    retry.reset();
+                    lock(&self.known).failing = None;
+                }
+                match event {
+                    watcher::Event::Init => listing = Some(BTreeMap::new()),
+                    watcher::Event::InitApply(secret) => {
+                        let Some(name) = secret.metadata.name.clone() else {
+                            continue;
+                        };
+                        let last = lock(&self.known).secrets.get(&name).cloned();
+                        let entry = self.read(&secret, last).await;
+                        listing.get_or_insert_default().insert(name, entry);
+                    }
+                    watcher::Event::InitDone => {
+                        let secrets = listing.take().unwrap_or_default();
+                        let count = secrets.len();
+                        {
+                            let mut known = lock(&self.known);
+                            known.secrets = secrets;
+                            known.listed = true;
+                            known.listed_at = Some(SystemTime::now());
+                        }
+                        debug!(source = %label, secrets = count, "listed");
+                        changed.send_modify(|n| *n += 1);
+                    }
+                    watcher::Event::Apply(secret) => {
+                        let Some(name) = secret.metadata.name.clone() else {
+                            continue;
+                        };
+                        let last = lock(&self.known).secrets.get(&name).cloned();
+                        let entry = self.read(&secret, last).await;
+                        lock(&self.known).secrets.insert(name, entry);
+                        changed.send_modify(|n| *n += 1);
+                    }
+                    watcher::Event::Delete(secret) => {
+                        if let Some(name) = &secret.metadata.name
+                            && lock(&self.known).secrets.remove(name).is_some()
+                        {
+                            changed.send_modify(|n| *n += 1);
+                        }
+                    }
+                }
+            };
+            failures += 1;
+            if failures == 1 {
+                warn!(source = %label, %error, "cannot list or watch the home cluster's Secrets; the last known remotes stay, retrying with backoff");
+            } else {
+                debug!(source = %label, %error, failures, "still cannot list or watch the home cluster's Secrets");
+            }
+            {
+                let mut known = lock(&self.known);
+                let since = known
+                    .failing
+                    .as_ref()
+                    .map_or_else(SystemTime::now, |(_, since)| *since);
+                known.failing = Some((error, since));
+            }
+            changed.send_modify(|n| *n += 1);
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(retry.next_delay()) => {}
+            }
+        }
+    }
+}

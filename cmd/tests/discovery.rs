@@ -1,0 +1,563 @@
+//! Remotes discovered from a real home cluster's Secrets (kube-apiserver and
+//! etcd from `scripts/peers`), pointing at real remotes: one Secret of each
+//! format, created, rotated and deleted while tether runs; a malformed one
+//! of each format; a name taken by a static remote; the home cluster paused
+//! and resumed, then killed and restarted. Each reaction is timed, and
+//! printed for `docs/benchmarks.md`.
+
+// Metric values compared here are small integers, exact in f64.
+#![allow(clippy::float_cmp)]
+
+mod common;
+
+use std::time::Duration;
+
+use base64::Engine as _;
+use common::{DEADLINE, EVERY, Shape, Tether, poll};
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use kube::Api;
+use kube::api::{DeleteParams, PostParams};
+use tether_testkit::{ControlPlane, RealOptions};
+use tokio::time::Instant;
+
+/// A marker in every malformed Secret's data: it must show up nowhere.
+const MARKER: &str = "s3cret-marker";
+
+/// The value of the first series of `metric` whose labels hold each of
+/// `labels` (`remote="a"`), from `/metrics`; `None` when there is none.
+async fn series(tether: &Tether, metric: &str, labels: &[&str]) -> Option<f64> {
+    let (_, body) = tether.get("/metrics").await?;
+    body.lines()
+        .filter(|l| {
+            l.strip_prefix(metric)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .find(|l| labels.iter().all(|label| l.contains(label)))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// Polls until that series satisfies `pred` (given `None` while it is
+/// absent); how long that took.
+async fn until(
+    tether: &Tether,
+    metric: &str,
+    labels: &[&str],
+    what: &str,
+    pred: impl Fn(Option<f64>) -> bool,
+) -> Duration {
+    let started = Instant::now();
+    let reached = poll(DEADLINE, EVERY, async || {
+        pred(series(tether, metric, labels).await).then_some(())
+    })
+    .await;
+    assert!(
+        reached.is_some(),
+        "{metric}{labels:?} never became {what}; logs:\n{}",
+        tether.logs()
+    );
+    started.elapsed()
+}
+
+const REACHABLE: &str = "tether_remote_apiserver_reachable";
+
+fn named(name: &str) -> String {
+    format!("remote=\"{name}\"")
+}
+
+/// Polls until `name`'s reachability gauge is `want` (`None`: gone).
+async fn until_reachable(tether: &Tether, name: &str, want: Option<f64>) -> Duration {
+    until(
+        tether,
+        REACHABLE,
+        &[&named(name)],
+        &format!("{want:?}"),
+        |v| v == want,
+    )
+    .await
+}
+
+fn secret(name: &str, labels: &serde_json::Value, data: &[(&str, &str)]) -> Secret {
+    let data: serde_json::Map<String, serde_json::Value> = data
+        .iter()
+        .map(|(k, v)| {
+            (
+                (*k).to_owned(),
+                base64::engine::general_purpose::STANDARD.encode(v).into(),
+            )
+        })
+        .collect();
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "labels": labels},
+        "data": data,
+    }))
+    .expect("a Secret")
+}
+
+/// An Argo CD cluster Secret for `plane`, named `name` in its `name` key,
+/// with `token`.
+fn argocd(secret_name: &str, name: &str, plane: &ControlPlane, token: &str) -> Secret {
+    let config = serde_json::json!({
+        "bearerToken": token,
+        "tlsClientConfig": {
+            "insecure": false,
+            "caData": base64::engine::general_purpose::STANDARD.encode(plane.ca_pem()),
+        },
+    });
+    secret(
+        secret_name,
+        &serde_json::json!({"argocd.argoproj.io/secret-type": "cluster"}),
+        &[
+            ("name", name),
+            ("server", &plane.url()),
+            ("config", &config.to_string()),
+        ],
+    )
+}
+
+/// A Cluster API kubeconfig Secret for cluster `cluster`.
+fn clusterapi(cluster: &str, kubeconfig: &str) -> Secret {
+    secret(
+        &format!("{cluster}-kubeconfig"),
+        &serde_json::json!({"cluster.x-k8s.io/cluster-name": cluster}),
+        &[("value", kubeconfig)],
+    )
+}
+
+/// A multicluster-runtime kubeconfig provider Secret, labelled `tier=edge`
+/// (the test's selector) if `edge`.
+fn provider(name: &str, kubeconfig: &str, edge: bool) -> Secret {
+    let mut labels = serde_json::json!({"sigs.k8s.io/multicluster-runtime-kubeconfig": "true"});
+    if edge {
+        labels["tier"] = "edge".into();
+    }
+    secret(name, &labels, &[("kubeconfig", kubeconfig)])
+}
+
+struct Home {
+    client: kube::Client,
+}
+
+impl Home {
+    async fn new(plane: &ControlPlane) -> Self {
+        let client = kube::Client::try_from(common::config_of(plane).await).expect("client");
+        for ns in ["argocd", "capi", "fleet"] {
+            let namespace: Namespace =
+                serde_json::from_value(serde_json::json!({"metadata": {"name": ns}})).expect("ns");
+            Api::<Namespace>::all(client.clone())
+                .create(&PostParams::default(), &namespace)
+                .await
+                .expect("the home cluster creates the namespace");
+        }
+        Self { client }
+    }
+
+    fn api(&self, ns: &str) -> Api<Secret> {
+        Api::namespaced(self.client.clone(), ns)
+    }
+
+    async fn create(&self, ns: &str, secret: &Secret) {
+        self.api(ns)
+            .create(&PostParams::default(), secret)
+            .await
+            .expect("the home cluster creates the Secret");
+    }
+
+    async fn replace(&self, ns: &str, secret: &Secret) {
+        let name = secret.metadata.name.as_deref().expect("named");
+        let current = self.api(ns).get(name).await.expect("the Secret exists");
+        let mut next = secret.clone();
+        next.metadata.resource_version = current.metadata.resource_version;
+        self.api(ns)
+            .replace(name, &PostParams::default(), &next)
+            .await
+            .expect("the home cluster replaces the Secret");
+    }
+
+    async fn delete(&self, ns: &str, name: &str) {
+        self.api(ns)
+            .delete(name, &DeleteParams::default())
+            .await
+            .expect("the home cluster deletes the Secret");
+    }
+}
+
+const DISCOVERY: &str = "discovery:
+- secrets: {namespace: argocd, format: argocd, required: false, kubeconfig: HOME}
+- secrets: {namespace: capi, format: clusterapi, kubeconfig: HOME}
+- secrets: {namespace: fleet, format: kubeconfig, labelSelector: \"tier=edge\", kubeconfig: HOME}";
+
+/// The planes, the home cluster's Secrets, and tether reading them.
+struct World {
+    home: ControlPlane,
+    a: ControlPlane,
+    b: ControlPlane,
+    c: ControlPlane,
+    secrets: Home,
+    tether: Tether,
+    _dir: tempfile::TempDir,
+}
+
+impl World {
+    /// The planes; one Secret of each format (Argo CD's `a` with a token
+    /// the apiserver refuses: reachable, but its cache cannot sync), and
+    /// two that are passed over; then tether, with the static remote `s`.
+    /// How long until every remote was probed reachable.
+    async fn start() -> (Self, Duration) {
+        let (home, a, b, c) = tokio::join!(
+            common::real_plane(RealOptions::default().name("home")),
+            common::real_plane(RealOptions::default().name("a")),
+            common::real_plane(RealOptions::default().name("b")),
+            common::real_plane(RealOptions::default().name("c")),
+        );
+        let secrets = Home::new(&home).await;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let home_kubeconfig = dir.path().join("home.kubeconfig");
+        home.kubeconfig()
+            .write(&home_kubeconfig)
+            .expect("kubeconfig");
+        secrets
+            .create("argocd", &argocd("cluster-a", "a", &a, "not-a-token"))
+            .await;
+        secrets
+            .create("capi", &clusterapi("b", &b.kubeconfig().to_yaml()))
+            .await;
+        secrets
+            .create("fleet", &provider("c", &c.kubeconfig().to_yaml(), true))
+            .await;
+        // Cluster API's other Secret of a cluster, and one outside the
+        // selector.
+        let user = secret(
+            "b-user-kubeconfig",
+            &serde_json::json!({"cluster.x-k8s.io/cluster-name": "b"}),
+            &[("value", "x")],
+        );
+        secrets.create("capi", &user).await;
+        secrets
+            .create(
+                "fleet",
+                &provider("not-edge", &c.kubeconfig().to_yaml(), false),
+            )
+            .await;
+        let extra = DISCOVERY.replace("HOME", &home_kubeconfig.display().to_string());
+        let started = Instant::now();
+        let tether = Tether::start(
+            &[("s", &a)],
+            &["--log-format", "json"],
+            &Shape {
+                watch: Some("[{apiVersion: v1, kind: Namespace}]"),
+                extra: &extra,
+                ..Shape::default()
+            },
+        );
+        tether.until_ready(true).await;
+        for remote in ["s", "a", "b", "c", "home"] {
+            until_reachable(&tether, remote, Some(1.0)).await;
+        }
+        let first_set = started.elapsed();
+        let world = Self {
+            home,
+            a,
+            b,
+            c,
+            secrets,
+            tether,
+            _dir: dir,
+        };
+        (world, first_set)
+    }
+
+    async fn metric(&self, metric: &str, labels: &[&str]) -> Option<f64> {
+        series(&self.tether, metric, labels).await
+    }
+
+    /// What tether found at start: a remote from each source, none from
+    /// outside the selector, and `a`'s cache unsynced.
+    async fn found_one_of_each(&self) {
+        for source in ["argocd/argocd", "capi/clusterapi", "fleet/kubeconfig"] {
+            let labels = [format!("source=\"{source}\"")];
+            assert_eq!(
+                self.metric("tether_discovery_remotes", &[&labels[0]]).await,
+                Some(1.0),
+                "{source}"
+            );
+        }
+        assert_eq!(
+            self.metric(REACHABLE, &[&named("not-edge")]).await,
+            None,
+            "outside the selector"
+        );
+        assert_eq!(
+            self.metric("tether_watch_synced", &[&named("a")]).await,
+            Some(0.0),
+            "a's token is refused: its cache cannot sync"
+        );
+        assert_eq!(
+            self.metric("tether_watch_synced", &[&named("b")]).await,
+            Some(1.0)
+        );
+    }
+
+    /// A Secret appears: its remote is probed within an interval, and the
+    /// others' probes go on as they were. How long it took.
+    async fn appears(&self) -> Duration {
+        let b_turns = ["to=\"reachable\"", &named("b")];
+        let transitions = self
+            .metric("tether_remote_transitions_total", &b_turns)
+            .await;
+        self.secrets
+            .create(
+                "fleet",
+                &provider("c2", &self.c.kubeconfig().to_yaml(), true),
+            )
+            .await;
+        let appeared = until_reachable(&self.tether, "c2", Some(1.0)).await;
+        assert_eq!(
+            self.metric("tether_remote_transitions_total", &b_turns)
+                .await,
+            transitions,
+            "b's probe went on as it was"
+        );
+        appeared
+    }
+
+    /// `a`'s token rotated to one the apiserver takes: a new cycle, whose
+    /// client has it, and its cache syncs. How long it took.
+    async fn rotates(&self) -> Duration {
+        let cycle = self.metric("tether_cycle", &[]).await.expect("a cycle");
+        let rotated = argocd("cluster-a", "a", &self.a, &self.a.token());
+        self.secrets.replace("argocd", &rotated).await;
+        let synced = until(
+            &self.tether,
+            "tether_watch_synced",
+            &[&named("a")],
+            "1",
+            |v| v == Some(1.0),
+        )
+        .await;
+        assert!(
+            self.metric("tether_cycle", &[]).await.expect("a cycle") > cycle,
+            "a new cycle, for the new client"
+        );
+        synced
+    }
+
+    /// A Secret goes: its series go with it. How long it took.
+    async fn goes(&self) -> Duration {
+        self.secrets.delete("fleet", "c2").await;
+        until_reachable(&self.tether, "c2", None).await
+    }
+
+    /// A malformed Secret of each format, and a name a static remote has:
+    /// each that Secret's error alone, by field, and no cycle ends.
+    async fn skips_the_bad_alone(&self) {
+        let changed = ["cause=\"config_changed\""];
+        let cycles = self.metric("tether_cycles_total", &changed).await;
+        let bad_argo = secret(
+            "bad-argo",
+            &serde_json::json!({"argocd.argoproj.io/secret-type": "cluster"}),
+            &[
+                ("name", "bad"),
+                ("server", &self.a.url()),
+                (
+                    "config",
+                    &format!("{{\"tlsClientConfig\":{{\"caData\":\"!{MARKER}\"}}}}"),
+                ),
+            ],
+        );
+        let exec = format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: b, cluster: {{server: \"{}\"}}}}]\nusers: [{{name: x, user: {{exec: {{apiVersion: client.authentication.k8s.io/v1, command: {MARKER}}}}}}}]\ncontexts: [{{name: b, context: {{cluster: b, user: x}}}}]\ncurrent-context: b\n",
+            self.b.url()
+        );
+        self.secrets.create("argocd", &bad_argo).await;
+        self.secrets
+            .create("argocd", &argocd("cluster-s", "s", &self.b, MARKER))
+            .await;
+        self.secrets
+            .create("capi", &clusterapi("bad", &format!("clusters: [{MARKER}")))
+            .await;
+        self.secrets
+            .create("fleet", &provider("bad-exec", &exec, true))
+            .await;
+        let skipped = [
+            (
+                "argocd/argocd",
+                "bad-argo",
+                "data.config.tlsClientConfig.caData",
+            ),
+            ("argocd/argocd", "cluster-s", "name"),
+            ("capi/clusterapi", "bad-kubeconfig", "data.value"),
+            ("fleet/kubeconfig", "bad-exec", "users[0].exec"),
+        ];
+        for (source, secret, _) in skipped {
+            let labels = [
+                format!("secret=\"{secret}\""),
+                format!("source=\"{source}\""),
+            ];
+            until(
+                &self.tether,
+                "tether_discovery_errors",
+                &[&labels[0], &labels[1]],
+                "1",
+                |v| v == Some(1.0),
+            )
+            .await;
+        }
+        let (_, status) = self.tether.get("/status.json").await.expect("status");
+        let status: serde_json::Value = serde_json::from_str(&status).expect("json");
+        let shown: Vec<(String, String)> = status["discovery"]["sources"]
+            .as_array()
+            .expect("sources")
+            .iter()
+            .flat_map(|s| s["skipped"].as_array().cloned().unwrap_or_default())
+            .map(|k| (k["secret"].to_string(), k["field"].to_string()))
+            .collect();
+        for (_, secret, field) in skipped {
+            let want = (format!("{secret:?}"), format!("{field:?}"));
+            assert!(shown.contains(&want), "{want:?} in {shown:?}");
+        }
+        for remote in ["s", "a", "b", "c"] {
+            assert_eq!(
+                self.metric(REACHABLE, &[&named(remote)]).await,
+                Some(1.0),
+                "{remote} runs on"
+            );
+        }
+        assert_eq!(
+            self.metric("tether_cycles_total", &changed).await,
+            cycles,
+            "a bad Secret ends no cycle"
+        );
+        self.check_lists_them().await;
+        // Gone, its error goes.
+        self.secrets.delete("capi", "bad-kubeconfig").await;
+        until(
+            &self.tether,
+            "tether_discovery_errors",
+            &["secret=\"bad-kubeconfig\""],
+            "gone",
+            |v| v.is_none(),
+        )
+        .await;
+    }
+
+    /// `tether check` on the same config: every source's finding, each
+    /// skipped Secret by name and field, the discovered remotes and the
+    /// home cluster probed; exit 1, for the Secrets skipped.
+    async fn check_lists_them(&self) {
+        let out = tokio::process::Command::new(common::binary())
+            .args(["check", "--config"])
+            .arg(&self.tether.config)
+            .output()
+            .await
+            .expect("tether check runs");
+        let table = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(1), "{table}");
+        for line in [
+            "discovery argocd/argocd: listed; 1 remote found, 2 Secrets skipped",
+            "  skipped Secret bad-argo: data.config.tlsClientConfig.caData: is not base64",
+            "  skipped Secret cluster-s: name: \"s\" is already the name of a static remote",
+            "discovery capi/clusterapi: listed; 1 remote found, 1 Secret skipped",
+            "discovery fleet/kubeconfig: listed; 1 remote found, 1 Secret skipped",
+        ] {
+            assert!(table.lines().any(|l| l == line), "{line:?} in\n{table}");
+        }
+        for remote in ["s ", "a ", "b ", "c ", "home "] {
+            assert!(
+                table
+                    .lines()
+                    .any(|l| l.starts_with(remote) && l.contains("reachable")),
+                "{remote} probed in\n{table}"
+            );
+        }
+        assert!(!table.contains(MARKER), "{table}");
+    }
+
+    /// The home cluster paused: probed as a remote, it turns unreachable,
+    /// while the last known remotes and their manager run on, ready; then
+    /// resumed. How long each turn took.
+    async fn home_paused(&self) -> (Duration, Duration) {
+        // The cycle the last change of the set asked for, built.
+        until(&self.tether, "tether_manager_up", &[], "1", |v| {
+            v == Some(1.0)
+        })
+        .await;
+        let cycle = self.metric("tether_cycle", &[]).await;
+        self.home.pause();
+        let lost = until_reachable(&self.tether, "home", Some(0.0)).await;
+        for remote in ["a", "b", "c"] {
+            assert_eq!(
+                self.metric(REACHABLE, &[&named(remote)]).await,
+                Some(1.0),
+                "{remote} stays while home is paused"
+            );
+        }
+        assert_eq!(
+            self.metric("tether_cycle", &[]).await,
+            cycle,
+            "the manager runs on"
+        );
+        self.tether.until_ready(true).await;
+        self.home.resume();
+        let back = until_reachable(&self.tether, "home", Some(1.0)).await;
+        (lost, back)
+    }
+
+    /// The home cluster killed and restarted: tether lists anew, and finds
+    /// a Secret made after the restart. How long from the restart.
+    async fn home_restarted(&self) -> Duration {
+        self.home.stop();
+        until_reachable(&self.tether, "home", Some(0.0)).await;
+        self.home
+            .restart()
+            .await
+            .expect("the home cluster restarts");
+        let restarted = Instant::now();
+        self.secrets
+            .create(
+                "fleet",
+                &provider("c3", &self.c.kubeconfig().to_yaml(), true),
+            )
+            .await;
+        until_reachable(&self.tether, "c3", Some(1.0)).await;
+        assert!(
+            self.tether
+                .logs()
+                .contains("the home cluster answers again: listing its Secrets"),
+            "listed anew after the restart"
+        );
+        restarted.elapsed()
+    }
+
+    /// Neither a token nor a bad Secret's data shows anywhere tether writes.
+    async fn leaks_nothing(&self) {
+        let (_, metrics) = self.tether.get("/metrics").await.expect("metrics");
+        let (_, page) = self.tether.get("/status").await.expect("status");
+        let (_, json) = self.tether.get("/status.json").await.expect("status.json");
+        for (what, text) in [
+            ("logs", self.tether.logs()),
+            ("metrics", metrics),
+            ("status", page),
+            ("status.json", json),
+        ] {
+            assert!(!text.contains(MARKER), "a Secret's data in the {what}");
+            assert!(!text.contains(&self.a.token()), "a token in the {what}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn remotes_come_and_go_with_the_home_clusters_secrets() {
+    let (world, first_set) = Box::pin(World::start()).await;
+    world.found_one_of_each().await;
+    let appeared = world.appears().await;
+    let rotated = world.rotates().await;
+    let gone = world.goes().await;
+    world.skips_the_bad_alone().await;
+    let (home_lost, home_back) = world.home_paused().await;
+    let relisted = world.home_restarted().await;
+    world.leaks_nothing().await;
+    println!(
+        "discovery: first full set {first_set:?} after start; a Secret created to probed {appeared:?}; rotated to synced {rotated:?}; deleted to gone {gone:?}; home paused to unreachable {home_lost:?}, resumed to reachable {home_back:?}; restarted to a new Secret probed {relisted:?}"
+    );
+}
