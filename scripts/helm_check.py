@@ -124,6 +124,11 @@ def main():
         "exec with three replicas": {"remotes": [remote], "replicaCount": 3, "manager": {"exec": {"command": MIRROR}}},
         "three replicas sharing the remotes": {"remotes": [remote], "replicaCount": 3, "sharding": {"enabled": True}},
         "no Events": {"remotes": [remote], "events": {"enabled": False}},
+        "remotes discovered from Secrets": {"discovery": [
+            {"secrets": {"namespace": "argocd", "format": "argocd", "labelSelector": "env=prod"}},
+            {"secrets": {"namespace": "argocd", "format": "kubeconfig"}},
+            {"secrets": {"namespace": "capi", "format": "clusterapi", "required": False}},
+        ]},
         "exec, tether added to an image": {"remotes": [remote], "manager": {"exec": {"command": MIRROR,
                                                                                       "image": {"repository": "registry.example.com/mirror-controller", "tag": "v0.1.0"}}}},
     }
@@ -160,8 +165,17 @@ def main():
         replicas = values.get("replicaCount", 1)
         elected = replicas > 1
         events = values.get("events", {}).get("enabled", True)
-        check(pod["automountServiceAccountToken"] == (bool(values.get("homeCluster", {}).get("watch")) or elected or events),
-              f"{label}: the service account token is mounted only when the home cluster is watched, a Lease is elected on, or Events are recorded")
+        discovery = values.get("discovery", [])
+        check(pod["automountServiceAccountToken"] == (bool(values.get("homeCluster", {}).get("watch")) or bool(discovery) or elected or events),
+              f"{label}: the service account token is mounted only when the home cluster is watched or its Secrets read, a Lease is elected on, or Events are recorded")
+        namespaces = sorted({d["secrets"]["namespace"] for d in discovery})
+        reads = [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"].endswith("-discovery")]
+        binds = [d for d in docs if d["kind"] == "RoleBinding" and d["metadata"]["name"].endswith("-discovery")]
+        check(sorted(r["metadata"]["namespace"] for r in reads) == namespaces
+              and sorted(b["metadata"]["namespace"] for b in binds) == namespaces
+              and all(r["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "list", "watch"]}] for r in reads)
+              and not any(d["kind"] == "ClusterRole" and any("secrets" in rule.get("resources", []) for rule in d["rules"]) for d in docs),
+              f"{label}: get, list and watch on Secrets in exactly the discovery namespaces {namespaces} (a Role and RoleBinding each), nothing cluster-wide")
         env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in container.get("env", [])}
         events_role = [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"].endswith("-events")]
         pod_env = {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace", "POD_UID": "metadata.uid"}
@@ -200,6 +214,8 @@ def main():
         check(config is not None and [r["name"] for r in config["remotes"]] == [r["name"] for r in values.get("remotes", [])],
               f"{label}: the config lists the remotes")
 
+        check(config is not None and config.get("discovery", []) == discovery,
+              f"{label}: the config has the discovery sources as given")
         check_manager(label, values, pod, config)
         election = config.get("leaderElection") if config else None
         pod_name = [e for e in container.get("env", []) if e["name"] == "POD_NAME"]
@@ -248,6 +264,8 @@ def main():
         "a remote without a Secret": ({"remotes": [{"name": "a"}]}, "secretName"),
         "an unknown stop signal": ({"manager": {"exec": {"stopSignal": "SIGFOO"}}}, "stopSignal"),
         "a shell line for a command": ({"manager": {"exec": {"command": "/manager --x"}}}, "command"),
+        "a discovery source without a namespace": ({"discovery": [{"secrets": {"format": "argocd"}}]}, "namespace"),
+        "a discovery format tether does not read": ({"discovery": [{"secrets": {"namespace": "a", "format": "rancher"}}]}, "format"),
     }
     for label, (values, key) in bad.items():
         try:

@@ -41,6 +41,7 @@ replicaCount > 1; always with sharding, which uses them. */}}
 {{- $config := deepCopy .Values.config -}}
 {{- $_ := set $config "admin" (dict "address" (printf "0.0.0.0:%d" (int .Values.adminPort))) -}}
 {{- $_ := set $config "remotes" $remotes -}}
+{{- with .Values.discovery }}{{ $_ := set $config "discovery" . }}{{ end -}}
 {{- if eq (include "tether.leaderElection" .) "true" -}}
 {{- $le := .Values.leaderElection -}}
 {{- $_ := set $config "leaderElection" (dict "enabled" true "leaseName" (default (include "tether.fullname" .) $le.leaseName) "leaseDuration" $le.leaseDuration "renewDeadline" $le.renewDeadline "retryPeriod" $le.retryPeriod) -}}

@@ -26,9 +26,20 @@ SHAPES = {
     "one": {"remotes": REMOTES, "homeCluster": {"watch": True}},
     "ha": {"remotes": REMOTES, "replicaCount": 3},
     "shards": {"remotes": REMOTES, "replicaCount": 3, "sharding": {"enabled": True}},
+    # Remotes from the Secrets of two namespaces; two sources share one.
+    "fleet": {"discovery": [
+        {"secrets": {"namespace": "argocd", "format": "argocd"}},
+        {"secrets": {"namespace": "argocd", "format": "kubeconfig", "labelSelector": "tier=edge"}},
+        {"secrets": {"namespace": "capi", "format": "clusterapi", "required": False}},
+    ]},
 }
+# The namespaces discovery reads are the fleet's tools', made before tether.
+DISCOVERED = ["argocd", "capi"]
 
 api = dynamic.DynamicClient(config.new_client_from_config(config_file=KUBECONFIG))
+for namespace in DISCOVERED:
+    api.resources.get(api_version="v1", kind="Namespace").create(
+        body={"metadata": {"name": namespace}})
 out = {}
 for release, values in SHAPES.items():
     namespace = f"tether-{release}"

@@ -1,7 +1,8 @@
 //! The chart, server side: Helm 4 installs it into a real kube-apiserver
 //! (`scripts/peers`), which creates and validates every object itself, in
-//! three shapes (one replica watching the home cluster; three with leader
-//! election; three sharing the remotes). Then the apiserver's own RBAC
+//! four shapes (one replica watching the home cluster; three with leader
+//! election; three sharing the remotes; one discovering remotes from the
+//! Secrets of two namespaces). Then the apiserver's own RBAC
 //! authorizer answers `kubectl auth can-i` as each release's service
 //! account: every verb tether uses is allowed, and nothing more.
 
@@ -106,7 +107,41 @@ fn checks(namespace_of: impl Fn(&str) -> String) -> Vec<Check> {
             allowed,
         ));
     }
-    for release in ["one", "ha", "shards"] {
+    // Discovery: read the Secrets of exactly the namespaces named, once
+    // each however many sources share one; nowhere else, and never write.
+    for namespace in ["argocd", "capi"] {
+        for (verb, allowed) in [
+            ("get", true),
+            ("list", true),
+            ("watch", true),
+            ("create", false),
+            ("update", false),
+            ("delete", false),
+        ] {
+            checks.push(check(
+                "fleet",
+                verb,
+                "secrets",
+                Some(namespace.into()),
+                allowed,
+            ));
+        }
+    }
+    for namespace in [
+        Some("default".to_owned()),
+        Some(namespace_of("fleet")),
+        None,
+    ] {
+        checks.push(check("fleet", "list", "secrets", namespace, false));
+    }
+    checks.push(check(
+        "fleet",
+        "list",
+        "configmaps",
+        Some("argocd".into()),
+        false,
+    ));
+    for release in ["one", "ha", "shards", "fleet"] {
         // Events on its own Pod: create, and patch to count a repeat, in its
         // namespace; nothing else with Events, nowhere else.
         for (verb, allowed) in [
@@ -131,8 +166,8 @@ fn checks(namespace_of: impl Fn(&str) -> String) -> Vec<Check> {
             Some("default".into()),
             false,
         ));
-        // Never Secrets; never Leases outside its namespace; never a write
-        // to what it watches.
+        // Never Secrets but discovery's; never Leases outside its
+        // namespace; never a write to what it watches.
         checks.push(check(release, "get", "secrets", None, false));
         checks.push(check(
             release,
@@ -203,6 +238,10 @@ async fn the_chart_installs_into_a_real_apiserver_and_its_rbac_allows_exactly_wh
         ),
         ("ha", election),
         ("shards", election),
+        (
+            "fleet",
+            &["Role/", "RoleBinding/", "Deployment/", "ConfigMap/"][..],
+        ),
     ] {
         let made = &releases[release];
         assert_eq!(
