@@ -57,6 +57,41 @@ struct Check {
 const LEASES: &str = "leases.coordination.k8s.io";
 const EVENTS: &str = "events.events.k8s.io";
 
+/// What the release that discovers remotes may do with Secrets: read them
+/// in exactly the namespaces named, once each however many sources share
+/// one; nowhere else, and never write.
+fn discovery_checks(namespace_of: impl Fn(&str) -> String) -> Vec<Check> {
+    let check = |verb, resource, namespace: Option<String>, allowed| Check {
+        release: "fleet",
+        verb,
+        resource,
+        namespace,
+        allowed,
+    };
+    let mut checks = Vec::new();
+    for namespace in ["argocd", "capi"] {
+        for (verb, allowed) in [
+            ("get", true),
+            ("list", true),
+            ("watch", true),
+            ("create", false),
+            ("update", false),
+            ("delete", false),
+        ] {
+            checks.push(check(verb, "secrets", Some(namespace.into()), allowed));
+        }
+    }
+    for namespace in [
+        Some("default".to_owned()),
+        Some(namespace_of("fleet")),
+        None,
+    ] {
+        checks.push(check("list", "secrets", namespace, false));
+    }
+    checks.push(check("list", "configmaps", Some("argocd".into()), false));
+    checks
+}
+
 /// What each release's service account may and may not do.
 fn checks(namespace_of: impl Fn(&str) -> String) -> Vec<Check> {
     let check = |release, verb, resource, namespace: Option<String>, allowed| Check {
@@ -107,40 +142,7 @@ fn checks(namespace_of: impl Fn(&str) -> String) -> Vec<Check> {
             allowed,
         ));
     }
-    // Discovery: read the Secrets of exactly the namespaces named, once
-    // each however many sources share one; nowhere else, and never write.
-    for namespace in ["argocd", "capi"] {
-        for (verb, allowed) in [
-            ("get", true),
-            ("list", true),
-            ("watch", true),
-            ("create", false),
-            ("update", false),
-            ("delete", false),
-        ] {
-            checks.push(check(
-                "fleet",
-                verb,
-                "secrets",
-                Some(namespace.into()),
-                allowed,
-            ));
-        }
-    }
-    for namespace in [
-        Some("default".to_owned()),
-        Some(namespace_of("fleet")),
-        None,
-    ] {
-        checks.push(check("fleet", "list", "secrets", namespace, false));
-    }
-    checks.push(check(
-        "fleet",
-        "list",
-        "configmaps",
-        Some("argocd".into()),
-        false,
-    ));
+    checks.extend(discovery_checks(&namespace_of));
     for release in ["one", "ha", "shards", "fleet"] {
         // Events on its own Pod: create, and patch to count a repeat, in its
         // namespace; nothing else with Events, nowhere else.

@@ -7,6 +7,7 @@
 //! cargo run --release -p tether-tests --bin scale -- --remotes 10000
 //! cargo run --release -p tether-tests --bin scale -- --detection 20
 //! cargo run --release -p tether-tests --bin scale -- --detection 20 --apiservers real
+//! cargo run --release -p tether-tests --bin scale -- --discovery 10000 --remotes 10000
 //! ```
 //!
 //! It prints a table and writes the same figures as JSON (`--json`,
@@ -19,6 +20,8 @@
 //! - `callgrind.rs`: instruction counts (`--callgrind`);
 //! - `reload.rs`: a reload adding remotes (`--reload-add`);
 //! - `shards.rs`: several replicas sharing the remotes (`--replicas`);
+//! - `discovery.rs`: remotes from a real home cluster's Secrets
+//!   (`--discovery`);
 //! - `detection.rs`: detection and rebuild latency (`--detection`).
 
 // A benchmark measures wall-clock time; no paused clock here.
@@ -30,6 +33,7 @@
 mod blackbox;
 mod callgrind;
 mod detection;
+mod discovery;
 mod load;
 mod process;
 mod reload;
@@ -52,6 +56,7 @@ use tether_testkit::{ApiServer, ControlPlane, Fault, Options, RealOptions, procf
 use crate::blackbox::*;
 use crate::callgrind::*;
 use crate::detection::*;
+use crate::discovery::*;
 use crate::load::*;
 use crate::process::*;
 use crate::reload::*;
@@ -107,6 +112,12 @@ struct Args {
     /// Leases in one more simulated apiserver), and time a member's loss.
     #[arg(long, default_value_t = 1)]
     replicas: usize,
+    /// Instead of a scale run: this many Secrets in one namespace of a real
+    /// home cluster (`scripts/peers`), each a remote of its own, beside
+    /// `--remotes` static ones; then 100 more, one at a time, each timed
+    /// from its creation to its first probe.
+    #[arg(long)]
+    discovery: Option<usize>,
     /// Where to write the JSON.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -152,6 +163,8 @@ fn run(args: &Args) -> Result<()> {
     }
     let (mode, report) = if let Some(trials) = args.detection {
         ("detection", detection(trials, args.apiservers)?)
+    } else if let Some(count) = args.discovery {
+        ("discovery", discovery(args, count)?)
     } else if args.remotes > 0 && args.replicas > 1 {
         ("shards", shards(args)?)
     } else if args.remotes > 0 {
@@ -164,6 +177,12 @@ fn run(args: &Args) -> Result<()> {
         "detection-real.json".to_owned()
     } else if mode == "detection" {
         "detection.json".to_owned()
+    } else if mode == "discovery" {
+        format!(
+            "discovery-{}-beside-{}.json",
+            args.discovery.unwrap_or_default(),
+            args.remotes
+        )
     } else if mode == "shards" {
         format!("shards-{}x{}.json", args.replicas, args.remotes)
     } else {

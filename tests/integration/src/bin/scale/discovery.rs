@@ -1,0 +1,212 @@
+//! Remotes discovered from one namespace of a real home cluster
+//! (`--discovery N`): N Secrets (multicluster-runtime's kubeconfig format),
+//! each pointing at its own simulated remote, beside `--remotes` static
+//! ones.
+
+use futures_util::StreamExt as _;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use kube::Api;
+use kube::api::PostParams;
+
+use crate::*;
+
+/// Secrets created one at a time while tether runs, each timed to its
+/// remote's first probe.
+const TRIALS: usize = 100;
+
+/// The Secrets created at once before tether starts.
+const IN_FLIGHT: usize = 32;
+
+/// The Secret for remote `i`: its kubeconfig, with the CA and token inline.
+fn secret_for(remotes: &Remotes, i: usize) -> Result<Secret> {
+    let kubeconfig = std::fs::read_to_string(remotes.path(&format!("{}.kubeconfig", name(i))))
+        .map_err(|e| e.to_string())?;
+    serde_json::from_value(json!({
+        "metadata": {
+            "name": name(i),
+            "labels": {"sigs.k8s.io/multicluster-runtime-kubeconfig": "true"},
+        },
+        "stringData": {"kubeconfig": kubeconfig},
+    }))
+    .map_err(|e| e.to_string())
+}
+
+/// A real home cluster, its kubeconfig written to `kubeconfig`, with a
+/// Secret in `fleet` for each remote of `range`; and how long creating them
+/// took.
+fn home_with_secrets(
+    runtime: &tokio::runtime::Runtime,
+    remotes: &Remotes,
+    kubeconfig: &Path,
+    range: std::ops::Range<usize>,
+) -> Result<(ControlPlane, Api<Secret>, Duration)> {
+    let home = runtime
+        .block_on(ControlPlane::start(RealOptions::default().name("home")))
+        .map_err(|e| format!("the home cluster: {e}"))?;
+    home.kubeconfig()
+        .write(kubeconfig)
+        .map_err(|e| e.to_string())?;
+    let client = runtime.block_on(async {
+        let config = kube::Config::from_custom_kubeconfig(
+            kube::config::Kubeconfig::read_from(kubeconfig).map_err(|e| e.to_string())?,
+            &kube::config::KubeConfigOptions::default(),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        kube::Client::try_from(config).map_err(|e| e.to_string())
+    })?;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "fleet");
+    let created = Instant::now();
+    runtime.block_on(async {
+        let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": "fleet"}}))
+            .map_err(|e| e.to_string())?;
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &namespace)
+            .await
+            .map_err(|e| e.to_string())?;
+        let made: Vec<Result<()>> = futures_util::stream::iter(range)
+            .map(|i| {
+                let secrets = secrets.clone();
+                let secret = secret_for(remotes, i);
+                async move {
+                    secrets
+                        .create(&PostParams::default(), &secret?)
+                        .await
+                        .map(drop)
+                        .map_err(|e| format!("Secret {i}: {e}"))
+                }
+            })
+            .buffer_unordered(IN_FLIGHT)
+            .collect()
+            .await;
+        made.into_iter().collect::<Result<Vec<()>>>().map(drop)
+    })?;
+    Ok((home, secrets, created.elapsed()))
+}
+
+/// Creates the Secrets of `range` one at a time; for each, the milliseconds
+/// from its creation to its remote's first probe, as tether logs it.
+fn first_probes(
+    tether: &mut Process,
+    runtime: &tokio::runtime::Runtime,
+    secrets: &Api<Secret>,
+    remotes: &Remotes,
+    range: std::ops::Range<usize>,
+) -> Result<Vec<f64>> {
+    let mut took = Vec::with_capacity(range.len());
+    for i in range {
+        let secret = secret_for(remotes, i)?;
+        let at = now();
+        runtime
+            .block_on(secrets.create(&PostParams::default(), &secret))
+            .map_err(|e| format!("Secret {i}: {e}"))?;
+        let remote = name(i);
+        let (probed, _) = tether.wait_event("remote apiserver reachable", |when, f| {
+            when >= at && names(f, &remote)
+        })?;
+        took.push((probed - at) * 1000.0);
+    }
+    Ok(took)
+}
+
+pub(crate) fn discovery(args: &Args, count: usize) -> Result<Value> {
+    let statics = args.remotes;
+    let interval = args.interval.as_secs_f64();
+    eprintln!(
+        "starting {} simulated remotes (HTTPS, token each) and a real home cluster",
+        statics + count + TRIALS
+    );
+    let remotes = Remotes::start(statics + count + TRIALS)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("tokio runtime: {e}"))?;
+    let home_kubeconfig = remotes.path("home.kubeconfig");
+    let (home, secrets, creating) = home_with_secrets(
+        &runtime,
+        &remotes,
+        &home_kubeconfig,
+        statics..statics + count,
+    )?;
+    eprintln!("{count} Secrets created in {creating:.1?}");
+
+    let admin = format!("127.0.0.1:{}", tether_testkit::free_port());
+    let head = format!(
+        "admin: {{ address: \"{admin}\" }}\nprobe: {{ interval: {interval}s, timeout: {}s }}\nwatch: []\ndiscovery:\n  - secrets: {{ namespace: fleet, format: kubeconfig, kubeconfig: {} }}\n",
+        interval / 2.0,
+        home_kubeconfig.display()
+    );
+    let config = tether_config_as(&remotes, statics, "tether.yaml", &head)?;
+    let started_at = now();
+    let mut tether = start_tether(&config)?;
+    // Every static and discovered remote, and the home cluster.
+    let warmup = until_all_reachable(&mut tether, &admin, statics + count + 1)?;
+    let (listed_at, _) = tether.wait_event("tether started", |_, f| {
+        f["discovered"].as_u64() == Some(count as u64)
+    })?;
+    eprintln!("tether: all reachable after {warmup:.1?}");
+    std::thread::sleep(Duration::from_secs_f64(interval * 2.0));
+    tether.alive()?;
+    let (peak, rss) = (tether.kib("VmHWM"), tether.kib("VmRSS"));
+
+    let first = statics + count;
+    let took = first_probes(
+        &mut tether,
+        &runtime,
+        &secrets,
+        &remotes,
+        first..first + TRIALS,
+    )?;
+    let max = took.iter().copied().fold(0.0, f64::max);
+    let med = median(&mut took.clone());
+    let (scrape_median, _, size) = timed_gets(&admin, "/metrics")?;
+    let rows = vec![
+        ("static remotes".to_owned(), statics.to_string()),
+        ("Secrets in one namespace".to_owned(), count.to_string()),
+        ("probe interval".to_owned(), format!("{interval}s")),
+        (
+            format!("creating the Secrets ({IN_FLIGHT} at a time)"),
+            format!("{:.1}s", creating.as_secs_f64()),
+        ),
+        (
+            "start to the discovered set (\"tether started\")".to_owned(),
+            format!("{:.1}s", listed_at - started_at),
+        ),
+        (
+            "start to every remote reachable, manager up".to_owned(),
+            format!("{:.1}s", warmup.as_secs_f64()),
+        ),
+        (
+            "tether RSS (peak / now)".to_owned(),
+            format!(
+                "{:.1} / {:.1} MiB",
+                peak as f64 / 1024.0,
+                rss as f64 / 1024.0
+            ),
+        ),
+        (
+            format!("a Secret's creation to its first probe (median / max of {TRIALS})"),
+            format!("{med:.0} / {max:.0} ms"),
+        ),
+        (
+            "/metrics scrape (median of 5)".to_owned(),
+            format!("{scrape_median:.1} ms, {} KiB", size / 1024),
+        ),
+    ];
+    print_table(&rows);
+    drop(tether);
+    drop(home);
+    Ok(json!({
+        "static_remotes": statics,
+        "secrets": count,
+        "interval_seconds": interval,
+        "create_seconds": creating.as_secs_f64(),
+        "start_to_discovered_set_seconds": listed_at - started_at,
+        "start_to_all_reachable_seconds": warmup.as_secs_f64(),
+        "tether": {"peak_rss_kib": peak, "rss_kib": rss},
+        "secret_to_first_probe_ms": {"samples": took, "median": med, "max": max},
+        "metrics_scrape_ms_median": scrape_median,
+        "metrics_bytes": size,
+    }))
+}
