@@ -561,3 +561,79 @@ async fn remotes_come_and_go_with_the_home_clusters_secrets() {
         "discovery: first full set {first_set:?} after start; a Secret created to probed {appeared:?}; rotated to synced {rotated:?}; deleted to gone {gone:?}; home paused to unreachable {home_lost:?}, resumed to reachable {home_back:?}; restarted to a new Secret probed {relisted:?}"
     );
 }
+
+/// The exec manager's process reaches a discovered cluster through the
+/// kubeconfig tether writes for it (mode 0600), with a real client
+/// (kubectl); a rotated Secret ends the cycle (`config_changed`) and the
+/// next process has the new credentials.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_exec_managers_process_gets_each_discovered_cluster_and_a_cycle_per_change() {
+    let (home, a) = tokio::join!(
+        common::real_plane(RealOptions::default().name("home")),
+        common::real_plane(RealOptions::default().name("a")),
+    );
+    let secrets = Home::new(&home).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let home_kubeconfig = dir.path().join("home.kubeconfig");
+    home.kubeconfig()
+        .write(&home_kubeconfig)
+        .expect("kubeconfig");
+    let refused = a.kubeconfig().to_yaml().replace(&a.token(), "not-a-token");
+    secrets
+        .create("fleet", &provider("a", &refused, true))
+        .await;
+    let script = dir.path().join("controller.sh");
+    std::fs::write(
+        &script,
+        "k=$(grep -o '\"kubeconfig\": \"[^\"]*\"' \"$TETHER_REMOTES_FILE\" | cut -d'\"' -f4)\n\
+         if kubectl --kubeconfig \"$k\" get namespaces >/dev/null 2>&1; then r=ok; else r=refused; fi\n\
+         echo \"cycle $TETHER_CYCLE remotes $TETHER_REMOTES mode $(stat -c %a \"$k\") $r\"\n\
+         exec sleep 600\n",
+    )
+    .expect("script");
+    let manager = format!(
+        "{{exec: {{command: [sh, {}], gracePeriod: 2s}}}}",
+        script.display()
+    );
+    let extra = format!(
+        "discovery:\n- secrets: {{namespace: fleet, format: kubeconfig, labelSelector: \"tier=edge\", kubeconfig: {}}}",
+        home_kubeconfig.display()
+    );
+    let tether = Tether::start::<ControlPlane>(
+        &[],
+        &[],
+        &Shape {
+            manager: Some(&manager),
+            extra: &extra,
+            ..Shape::default()
+        },
+    );
+    let said = async |line: &str| {
+        let found = poll(DEADLINE, EVERY, async || {
+            tether.output().lines().any(|l| l == line).then_some(())
+        })
+        .await;
+        assert!(
+            found.is_some(),
+            "{line:?} never printed; output:\n{}\nlogs:\n{}",
+            tether.output(),
+            tether.logs()
+        );
+    };
+    said("cycle 1 remotes a mode 600 refused").await;
+    secrets
+        .replace("fleet", &provider("a", &a.kubeconfig().to_yaml(), true))
+        .await;
+    said("cycle 2 remotes a mode 600 ok").await;
+    assert_eq!(
+        series(
+            &tether,
+            "tether_cycles_total",
+            &["cause=\"config_changed\""]
+        )
+        .await,
+        Some(1.0),
+        "the rotation ended cycle 1"
+    );
+    assert!(!tether.logs().contains(&a.token()), "a token in the logs");
+}

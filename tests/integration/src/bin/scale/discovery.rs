@@ -1,7 +1,9 @@
 //! Remotes discovered from one namespace of a real home cluster
 //! (`--discovery N`): N Secrets (multicluster-runtime's kubeconfig format),
 //! each pointing at its own simulated remote, beside `--remotes` static
-//! ones.
+//! ones. With `--discovery-shares`, the Nth discovered remote shares the
+//! Nth static one's apiserver (and so its probe): a process here may hold
+//! 20,000 descriptors, fewer than 20,000 apiservers' connections need.
 
 use futures_util::StreamExt as _;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
@@ -17,9 +19,10 @@ const TRIALS: usize = 100;
 /// The Secrets created at once before tether starts.
 const IN_FLIGHT: usize = 32;
 
-/// The Secret for remote `i`: its kubeconfig, with the CA and token inline.
-fn secret_for(remotes: &Remotes, i: usize) -> Result<Secret> {
-    let kubeconfig = std::fs::read_to_string(remotes.path(&format!("{}.kubeconfig", name(i))))
+/// The Secret `name(i)`, for the apiserver of remote `server`: its
+/// kubeconfig, with the CA and token inline.
+fn secret_for(remotes: &Remotes, (i, server): (usize, usize)) -> Result<Secret> {
+    let kubeconfig = std::fs::read_to_string(remotes.path(&format!("{}.kubeconfig", name(server))))
         .map_err(|e| e.to_string())?;
     serde_json::from_value(json!({
         "metadata": {
@@ -32,13 +35,13 @@ fn secret_for(remotes: &Remotes, i: usize) -> Result<Secret> {
 }
 
 /// A real home cluster, its kubeconfig written to `kubeconfig`, with a
-/// Secret in `fleet` for each remote of `range`; and how long creating them
-/// took.
+/// Secret in `fleet` for each `(name, apiserver)` of `wanted`; and how long
+/// creating them took.
 fn home_with_secrets(
     runtime: &tokio::runtime::Runtime,
     remotes: &Remotes,
     kubeconfig: &Path,
-    range: std::ops::Range<usize>,
+    wanted: Vec<(usize, usize)>,
 ) -> Result<(ControlPlane, Api<Secret>, Duration)> {
     let home = runtime
         .block_on(ControlPlane::start(RealOptions::default().name("home")))
@@ -64,10 +67,10 @@ fn home_with_secrets(
             .create(&PostParams::default(), &namespace)
             .await
             .map_err(|e| e.to_string())?;
-        let made: Vec<Result<()>> = futures_util::stream::iter(range)
-            .map(|i| {
+        let made: Vec<Result<()>> = futures_util::stream::iter(wanted)
+            .map(|(i, server)| {
                 let secrets = secrets.clone();
-                let secret = secret_for(remotes, i);
+                let secret = secret_for(remotes, (i, server));
                 async move {
                     secrets
                         .create(&PostParams::default(), &secret?)
@@ -84,18 +87,19 @@ fn home_with_secrets(
     Ok((home, secrets, created.elapsed()))
 }
 
-/// Creates the Secrets of `range` one at a time; for each, the milliseconds
-/// from its creation to its remote's first probe, as tether logs it.
+/// Creates the Secrets of `wanted` one at a time (each for an apiserver of
+/// its own); for each, the milliseconds from its creation to its remote's
+/// first probe, as tether logs it.
 fn first_probes(
     tether: &mut Process,
     runtime: &tokio::runtime::Runtime,
     secrets: &Api<Secret>,
     remotes: &Remotes,
-    range: std::ops::Range<usize>,
+    wanted: Vec<(usize, usize)>,
 ) -> Result<Vec<f64>> {
-    let mut took = Vec::with_capacity(range.len());
-    for i in range {
-        let secret = secret_for(remotes, i)?;
+    let mut took = Vec::with_capacity(wanted.len());
+    for (i, server) in wanted {
+        let secret = secret_for(remotes, (i, server))?;
         let at = now();
         runtime
             .block_on(secrets.create(&PostParams::default(), &secret))
@@ -112,23 +116,34 @@ fn first_probes(
 pub(crate) fn discovery(args: &Args, count: usize) -> Result<Value> {
     let statics = args.remotes;
     let interval = args.interval.as_secs_f64();
+    // Discovered remote `i` is named name(statics + i), and served by
+    // apiserver `statics + i`, or `i` when it shares; the trials' come last.
+    let servers = if args.discovery_shares {
+        statics.max(count)
+    } else {
+        statics + count
+    };
+    let server_of = |i: usize| {
+        if args.discovery_shares {
+            i
+        } else {
+            statics + i
+        }
+    };
     eprintln!(
         "starting {} simulated remotes (HTTPS, token each) and a real home cluster",
-        statics + count + TRIALS
+        servers + TRIALS
     );
-    let remotes = Remotes::start(statics + count + TRIALS)?;
+    let remotes = Remotes::start(servers + TRIALS)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .map_err(|e| format!("tokio runtime: {e}"))?;
     let home_kubeconfig = remotes.path("home.kubeconfig");
-    let (home, secrets, creating) = home_with_secrets(
-        &runtime,
-        &remotes,
-        &home_kubeconfig,
-        statics..statics + count,
-    )?;
+    let listed = (0..count).map(|i| (statics + i, server_of(i))).collect();
+    let (home, secrets, creating) =
+        home_with_secrets(&runtime, &remotes, &home_kubeconfig, listed)?;
     eprintln!("{count} Secrets created in {creating:.1?}");
 
     let admin = format!("127.0.0.1:{}", tether_testkit::free_port());
@@ -150,56 +165,20 @@ pub(crate) fn discovery(args: &Args, count: usize) -> Result<Value> {
     tether.alive()?;
     let (peak, rss) = (tether.kib("VmHWM"), tether.kib("VmRSS"));
 
-    let first = statics + count;
-    let took = first_probes(
-        &mut tether,
-        &runtime,
-        &secrets,
-        &remotes,
-        first..first + TRIALS,
-    )?;
+    let trials = (0..TRIALS)
+        .map(|t| (statics + count + t, servers + t))
+        .collect();
+    let took = first_probes(&mut tether, &runtime, &secrets, &remotes, trials)?;
     let max = took.iter().copied().fold(0.0, f64::max);
     let med = median(&mut took.clone());
     let (scrape_median, _, size) = timed_gets(&admin, "/metrics")?;
-    let rows = vec![
-        ("static remotes".to_owned(), statics.to_string()),
-        ("Secrets in one namespace".to_owned(), count.to_string()),
-        ("probe interval".to_owned(), format!("{interval}s")),
-        (
-            format!("creating the Secrets ({IN_FLIGHT} at a time)"),
-            format!("{:.1}s", creating.as_secs_f64()),
-        ),
-        (
-            "start to the discovered set (\"tether started\")".to_owned(),
-            format!("{:.1}s", listed_at - started_at),
-        ),
-        (
-            "start to every remote reachable, manager up".to_owned(),
-            format!("{:.1}s", warmup.as_secs_f64()),
-        ),
-        (
-            "tether RSS (peak / now)".to_owned(),
-            format!(
-                "{:.1} / {:.1} MiB",
-                peak as f64 / 1024.0,
-                rss as f64 / 1024.0
-            ),
-        ),
-        (
-            format!("a Secret's creation to its first probe (median / max of {TRIALS})"),
-            format!("{med:.0} / {max:.0} ms"),
-        ),
-        (
-            "/metrics scrape (median of 5)".to_owned(),
-            format!("{scrape_median:.1} ms, {} KiB", size / 1024),
-        ),
-    ];
-    print_table(&rows);
     drop(tether);
     drop(home);
-    Ok(json!({
+    let report = json!({
         "static_remotes": statics,
         "secrets": count,
+        "apiservers": servers,
+        "discovered_share_static_apiservers": args.discovery_shares,
         "interval_seconds": interval,
         "create_seconds": creating.as_secs_f64(),
         "start_to_discovered_set_seconds": listed_at - started_at,
@@ -208,5 +187,61 @@ pub(crate) fn discovery(args: &Args, count: usize) -> Result<Value> {
         "secret_to_first_probe_ms": {"samples": took, "median": med, "max": max},
         "metrics_scrape_ms_median": scrape_median,
         "metrics_bytes": size,
-    }))
+    });
+    print_table(&table(&report));
+    Ok(report)
+}
+
+/// The report as the table prints it.
+fn table(r: &Value) -> Vec<(String, String)> {
+    let secs = |key: &str| format!("{:.1}s", r[key].as_f64().unwrap_or_default());
+    let mib = |key: &str| r["tether"][key].as_f64().unwrap_or_default() / 1024.0;
+    let ms = &r["secret_to_first_probe_ms"];
+    vec![
+        ("static remotes".to_owned(), r["static_remotes"].to_string()),
+        (
+            "Secrets in one namespace".to_owned(),
+            r["secrets"].to_string(),
+        ),
+        (
+            "apiservers (a discovered remote shares a static one's)".to_owned(),
+            format!(
+                "{} ({})",
+                r["apiservers"], r["discovered_share_static_apiservers"]
+            ),
+        ),
+        ("probe interval".to_owned(), secs("interval_seconds")),
+        (
+            format!("creating the Secrets ({IN_FLIGHT} at a time)"),
+            secs("create_seconds"),
+        ),
+        (
+            "start to the discovered set (\"tether started\")".to_owned(),
+            secs("start_to_discovered_set_seconds"),
+        ),
+        (
+            "start to every remote reachable, manager up".to_owned(),
+            secs("start_to_all_reachable_seconds"),
+        ),
+        (
+            "tether RSS (peak / now)".to_owned(),
+            format!("{:.1} / {:.1} MiB", mib("peak_rss_kib"), mib("rss_kib")),
+        ),
+        (
+            format!("a Secret's creation to its first probe (median / max of {TRIALS})"),
+            format!(
+                "{:.0} / {:.0} ms",
+                ms["median"].as_f64().unwrap_or_default(),
+                ms["max"].as_f64().unwrap_or_default()
+            ),
+        ),
+        (
+            "/metrics scrape (median of 5)".to_owned(),
+            format!(
+                "{:.1} ms, {} KiB",
+                r["metrics_scrape_ms_median"].as_f64().unwrap_or_default(),
+                r["metrics_bytes"].as_u64().unwrap_or_default() / 1024
+            ),
+        ),
+    ]
 }

@@ -7,7 +7,8 @@
 //! cargo run --release -p tether-tests --bin scale -- --remotes 10000
 //! cargo run --release -p tether-tests --bin scale -- --detection 20
 //! cargo run --release -p tether-tests --bin scale -- --detection 20 --apiservers real
-//! cargo run --release -p tether-tests --bin scale -- --discovery 10000 --remotes 10000
+//! cargo run --release -p tether-tests --bin scale -- --discovery 10000
+//! cargo run --release -p tether-tests --bin scale -- --discovery 10000 --remotes 10000 --discovery-shares
 //! ```
 //!
 //! It prints a table and writes the same figures as JSON (`--json`,
@@ -118,6 +119,11 @@ struct Args {
     /// from its creation to its first probe.
     #[arg(long)]
     discovery: Option<usize>,
+    /// With `--discovery`: each discovered remote shares a static one's
+    /// apiserver (20,000 descriptors a process cannot hold 20,000
+    /// apiservers' connections).
+    #[arg(long, requires = "discovery")]
+    discovery_shares: bool,
     /// Where to write the JSON.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -179,9 +185,10 @@ fn run(args: &Args) -> Result<()> {
         "detection.json".to_owned()
     } else if mode == "discovery" {
         format!(
-            "discovery-{}-beside-{}.json",
+            "discovery-{}-beside-{}{}.json",
             args.discovery.unwrap_or_default(),
-            args.remotes
+            args.remotes,
+            if args.discovery_shares { "-shared" } else { "" }
         )
     } else if mode == "shards" {
         format!("shards-{}x{}.json", args.replicas, args.remotes)
