@@ -1,5 +1,6 @@
 //! Bad input never panics, and every rejection names a field: a
-//! time-bounded random search over config files and server URLs.
+//! time-bounded random search over config files, server URLs, kubeconfigs
+//! and the home cluster's Secrets (whose skips never quote a secret).
 //!
 //! `FUZZ_SECONDS` sets the budget (default 5; scripts/test's fuzz step runs
 //! it for 60). The total executions are printed.
@@ -272,5 +273,131 @@ fn random_kubeconfigs_never_panic_and_every_rejection_names_the_remote() {
         }
     }
     println!("kubeconfig fuzz: {executions} executions, {accepted} accepted");
+    assert!(executions > 100, "the budget allowed too few executions");
+}
+
+/// Argo CD's cluster config JSON, valid or mangled: a token (the secret a
+/// message must never show), TLS data that is base64 or not, plugins,
+/// noise.
+fn argocd_config() -> impl Strategy<Value = String> {
+    let tls = prop_oneof![
+        Just(String::new()),
+        "[A-Za-z0-9+/=!]{0,24}".prop_map(|d| format!("\"caData\": \"{d}\"")),
+        "[A-Za-z0-9+/=!]{0,24}"
+            .prop_map(|d| format!("\"certData\": \"{d}\", \"keyData\": \"{d}\"")),
+        Just("\"insecure\": true, \"serverName\": \"api\"".to_owned()),
+        Just("\"insecure\": \"yes\"".to_owned()),
+    ];
+    let auth = prop_oneof![
+        Just("\"bearerToken\": \"s3cret\"".to_owned()),
+        Just("\"username\": \"u\", \"password\": \"s3cret\"".to_owned()),
+        Just("\"execProviderConfig\": {\"command\": \"s3cret\"}".to_owned()),
+        Just("\"awsAuthConfig\": {\"clusterName\": \"s3cret\"}".to_owned()),
+        Just(String::new()),
+    ];
+    (auth, tls, "[ -~]{0,12}").prop_map(|(auth, tls, noise)| {
+        let auth = if auth.is_empty() {
+            auth
+        } else {
+            format!("{auth}, ")
+        };
+        format!("{{{auth}\"tlsClientConfig\": {{{tls}}}}}{noise}")
+    })
+}
+
+/// A Secret of each format, its keys present or not, its values valid,
+/// mangled or not UTF-8.
+fn discovered_secret()
+-> impl Strategy<Value = (tether::config::SecretFormat, Vec<(String, Vec<u8>)>, String)> {
+    use tether::config::SecretFormat;
+    let format = prop_oneof![
+        Just(SecretFormat::ArgoCd),
+        Just(SecretFormat::ClusterApi),
+        Just(SecretFormat::Kubeconfig),
+    ];
+    let value = prop_oneof![
+        4 => kubeconfig().prop_map(|k| k.replace("t0ken", "s3cret").into_bytes()),
+        4 => argocd_config().prop_map(String::into_bytes),
+        1 => proptest::collection::vec(any::<u8>(), 0..24),
+    ];
+    let key = prop_oneof![
+        Just("name".to_owned()),
+        Just("server".to_owned()),
+        Just("config".to_owned()),
+        Just("value".to_owned()),
+        Just("kubeconfig".to_owned()),
+    ];
+    let name = prop_oneof![Just("c-1".to_owned()), "[a-zA-Z0-9_.-]{0,70}"];
+    (format, proptest::collection::vec((key, value), 0..5), name)
+}
+
+#[test]
+fn random_secrets_never_panic_and_every_skip_names_a_field_and_no_secret() {
+    use std::sync::Arc;
+
+    use k8s_openapi::ByteString;
+    use k8s_openapi::api::core::v1::Secret;
+
+    let deadline = Instant::now() + tether_testkit::fuzz_budget();
+    let mut runner = runner();
+    let strategy = discovered_secret();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let (mut executions, mut found) = (0u64, 0u64);
+    while Instant::now() < deadline {
+        let (format, data, name) = draw(&strategy, &mut runner);
+        executions += 1;
+        let mut secret = Secret::default();
+        secret.metadata.name = Some(name.clone());
+        secret.metadata.labels = Some(
+            [(
+                "cluster.x-k8s.io/cluster-name".to_owned(),
+                name.trim_end_matches("-kubeconfig").to_owned(),
+            )]
+            .into(),
+        );
+        secret.data = Some(data.into_iter().map(|(k, v)| (k, ByteString(v))).collect());
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            match tether::discovery::secret::read(format, &secret) {
+                Ok(Some(cluster)) => {
+                    let source = Arc::new(tether::config::SecretSource {
+                        namespace: "ns".to_owned(),
+                        name: name.clone(),
+                        digest: Vec::new(),
+                        kubeconfig: cluster.kubeconfig,
+                    });
+                    runtime
+                        .block_on(tether::config::remote::discovered(
+                            &cluster.name,
+                            true,
+                            source,
+                        ))
+                        .map(drop)
+                        .map_err(|message| ("data".to_owned(), message))
+                }
+                Ok(None) => Ok(()),
+                Err(skipped) => Err((skipped.field, skipped.message)),
+            }
+        }));
+        match outcome {
+            Ok(Ok(())) => found += 1,
+            Ok(Err((field, message))) => {
+                assert!(
+                    !field.is_empty() && !message.is_empty(),
+                    "{field}: {message}"
+                );
+                assert!(
+                    !message.contains("s3cret"),
+                    "a secret in {field}: {message}"
+                );
+            }
+            Err(payload) => std::panic::resume_unwind(Box::new(format!(
+                "reading a {format} Secret panicked: {payload:?}"
+            ))),
+        }
+    }
+    println!("secret fuzz: {executions} executions, {found} read as a cluster or passed over");
     assert!(executions > 100, "the budget allowed too few executions");
 }

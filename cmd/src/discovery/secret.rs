@@ -18,7 +18,7 @@ use serde::Deserialize;
 use crate::config::SecretFormat;
 
 /// The Cluster API label that names a kubeconfig Secret's cluster.
-const CLUSTER_NAME: &str = "cluster.x-k8s.io/cluster-name";
+pub(super) const CLUSTER_NAME: &str = "cluster.x-k8s.io/cluster-name";
 
 /// A cluster a Secret describes.
 #[derive(Clone)]

@@ -69,7 +69,9 @@ pub(super) struct Source {
     pub(super) known: Mutex<Known>,
 }
 
-/// A digest of what a Secret is read from: its name, labels and data.
+/// A digest of what a Secret is read from: its name, the label Cluster API
+/// names its cluster by, and its data. Other labels and annotations may
+/// change without a rebuild.
 fn digest(secret: &Secret) -> Vec<u8> {
     let mut context = ring::digest::Context::new(&ring::digest::SHA256);
     let mut add = |bytes: &[u8]| {
@@ -82,10 +84,12 @@ fn digest(secret: &Secret) -> Vec<u8> {
         .as_deref()
         .unwrap_or_default()
         .as_bytes());
-    for (key, value) in secret.metadata.labels.iter().flatten() {
-        add(key.as_bytes());
-        add(value.as_bytes());
-    }
+    let cluster = secret
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|labels| labels.get(secret::CLUSTER_NAME));
+    add(cluster.map_or(&[][..], String::as_bytes));
     for (key, value) in secret.data.iter().flatten() {
         add(key.as_bytes());
         add(&value.0);
@@ -234,5 +238,50 @@ impl Source {
                 () = tokio::time::sleep(retry.next_delay()) => {}
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::ByteString;
+
+    use super::*;
+
+    fn secret(labels: &[(&str, &str)], data: &[u8]) -> Secret {
+        Secret {
+            metadata: kube::api::ObjectMeta {
+                name: Some("s".to_owned()),
+                labels: Some(
+                    labels
+                        .iter()
+                        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                        .collect(),
+                ),
+                ..Default::default()
+            },
+            data: Some([("value".to_owned(), ByteString(data.to_vec()))].into()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_secret_is_read_again_only_when_what_it_is_read_from_changes() {
+        let cluster = secret::CLUSTER_NAME;
+        let first = digest(&secret(&[(cluster, "a"), ("team", "x")], b"one"));
+        assert_eq!(
+            first,
+            digest(&secret(&[(cluster, "a"), ("team", "y")], b"one")),
+            "another label"
+        );
+        assert_ne!(
+            first,
+            digest(&secret(&[(cluster, "a")], b"two")),
+            "the data"
+        );
+        assert_ne!(
+            first,
+            digest(&secret(&[(cluster, "b")], b"one")),
+            "the cluster's name"
+        );
     }
 }
