@@ -139,7 +139,12 @@ struct Home {
 }
 
 impl Home {
-    async fn new(plane: &ControlPlane) -> Self {
+    /// The home cluster `plane` with the test's namespaces; a folder, and
+    /// the home cluster's kubeconfig in it.
+    async fn new(plane: &ControlPlane) -> (Self, tempfile::TempDir, std::path::PathBuf) {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let kubeconfig = dir.path().join("home.kubeconfig");
+        plane.kubeconfig().write(&kubeconfig).expect("kubeconfig");
         let client = kube::Client::try_from(common::config_of(plane).await).expect("client");
         for ns in ["argocd", "capi", "fleet"] {
             let namespace: Namespace =
@@ -149,7 +154,7 @@ impl Home {
                 .await
                 .expect("the home cluster creates the namespace");
         }
-        Self { client }
+        (Self { client }, dir, kubeconfig)
     }
 
     fn api(&self, ns: &str) -> Api<Secret> {
@@ -210,12 +215,7 @@ impl World {
             common::real_plane(RealOptions::default().name("b")),
             common::real_plane(RealOptions::default().name("c")),
         );
-        let secrets = Home::new(&home).await;
-        let dir = tempfile::tempdir().expect("temp dir");
-        let home_kubeconfig = dir.path().join("home.kubeconfig");
-        home.kubeconfig()
-            .write(&home_kubeconfig)
-            .expect("kubeconfig");
+        let (secrets, dir, home_kubeconfig) = Home::new(&home).await;
         secrets
             .create("argocd", &argocd("cluster-a", "a", &a, "not-a-token"))
             .await;
@@ -572,12 +572,7 @@ async fn the_exec_managers_process_gets_each_discovered_cluster_and_a_cycle_per_
         common::real_plane(RealOptions::default().name("home")),
         common::real_plane(RealOptions::default().name("a")),
     );
-    let secrets = Home::new(&home).await;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let home_kubeconfig = dir.path().join("home.kubeconfig");
-    home.kubeconfig()
-        .write(&home_kubeconfig)
-        .expect("kubeconfig");
+    let (secrets, dir, home_kubeconfig) = Home::new(&home).await;
     let refused = a.kubeconfig().to_yaml().replace(&a.token(), "not-a-token");
     secrets
         .create("fleet", &provider("a", &refused, true))

@@ -63,23 +63,33 @@ pub(crate) fn direct_kubeconfig(
     token_file: Option<&std::path::Path>,
     insecure: bool,
 ) -> Kubeconfig {
+    single_kubeconfig(
+        name,
+        Cluster {
+            server: Some(server.to_owned()),
+            certificate_authority: ca_file.map(|p| p.display().to_string()),
+            insecure_skip_tls_verify: Some(insecure),
+            ..Cluster::default()
+        },
+        AuthInfo {
+            token_file: token_file.map(|p| p.display().to_string()),
+            ..AuthInfo::default()
+        },
+    )
+}
+
+/// A kubeconfig of `cluster` and `user`, and a context of the two, each
+/// named `name`; that context current.
+pub(crate) fn single_kubeconfig(name: &str, cluster: Cluster, user: AuthInfo) -> Kubeconfig {
     Kubeconfig {
         clusters: vec![NamedCluster {
             name: name.to_owned(),
-            cluster: Some(Cluster {
-                server: Some(server.to_owned()),
-                certificate_authority: ca_file.map(|p| p.display().to_string()),
-                insecure_skip_tls_verify: Some(insecure),
-                ..Cluster::default()
-            }),
+            cluster: Some(cluster),
             ..NamedCluster::default()
         }],
         auth_infos: vec![NamedAuthInfo {
             name: name.to_owned(),
-            auth_info: Some(AuthInfo {
-                token_file: token_file.map(|p| p.display().to_string()),
-                ..AuthInfo::default()
-            }),
+            auth_info: Some(user),
             ..NamedAuthInfo::default()
         }],
         contexts: vec![NamedContext {

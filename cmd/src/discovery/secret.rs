@@ -10,9 +10,7 @@ use std::collections::BTreeMap;
 use base64::Engine as _;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
-use kube::config::{
-    AuthInfo, Cluster, Context, Kubeconfig, NamedAuthInfo, NamedCluster, NamedContext,
-};
+use kube::config::{AuthInfo, Cluster, Kubeconfig};
 use serde::Deserialize;
 
 use crate::config::SecretFormat;
@@ -225,29 +223,9 @@ fn argocd(name: &str, data: &BTreeMap<String, ByteString>) -> Result<Kubeconfig,
         client_key_data: pem("keyData", &tls.key_data)?.map(Into::into),
         ..AuthInfo::default()
     };
-    Ok(Kubeconfig {
-        clusters: vec![NamedCluster {
-            name: name.to_owned(),
-            cluster: Some(cluster),
-            ..NamedCluster::default()
-        }],
-        auth_infos: vec![NamedAuthInfo {
-            name: name.to_owned(),
-            auth_info: Some(user),
-            ..NamedAuthInfo::default()
-        }],
-        contexts: vec![NamedContext {
-            name: name.to_owned(),
-            context: Some(Context {
-                cluster: name.to_owned(),
-                user: Some(name.to_owned()),
-                ..Context::default()
-            }),
-            ..NamedContext::default()
-        }],
-        current_context: Some(name.to_owned()),
-        ..Kubeconfig::default()
-    })
+    Ok(crate::config::remote::single_kubeconfig(
+        name, cluster, user,
+    ))
 }
 
 /// What kind of JSON error, without serde's quote of the input.
@@ -308,30 +286,32 @@ fn no_files_or_plugins(kubeconfig: &Kubeconfig) -> Result<(), Skipped> {
 /// Why a file named by a Secret is refused.
 const FILES: &str = "names a file; a discovered kubeconfig must carry its credentials inline (the *-data fields, or token)";
 
+/// A Secret named `name`, with `labels` and `data`, for the tests.
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn secret(name: &str, labels: &[(&str, &str)], data: &[(&str, &[u8])]) -> Secret {
-        Secret {
-            metadata: kube::api::ObjectMeta {
-                name: Some(name.to_owned()),
-                labels: Some(
-                    labels
-                        .iter()
-                        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                        .collect(),
-                ),
-                ..Default::default()
-            },
-            data: Some(
-                data.iter()
-                    .map(|(k, v)| ((*k).to_owned(), ByteString(v.to_vec())))
+pub(super) fn secret(name: &str, labels: &[(&str, &str)], data: &[(&str, &[u8])]) -> Secret {
+    Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.to_owned()),
+            labels: Some(
+                labels
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                     .collect(),
             ),
             ..Default::default()
-        }
+        },
+        data: Some(
+            data.iter()
+                .map(|(k, v)| ((*k).to_owned(), ByteString(v.to_vec())))
+                .collect(),
+        ),
+        ..Default::default()
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
 
     const KUBECONFIG: &str = "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://10.0.0.1:6443\n    certificate-authority-data: Zm9v\nusers:\n- name: u\n  user:\n    token: abc\ncontexts:\n- name: x\n  context: {cluster: c, user: u}\ncurrent-context: x\n";
 

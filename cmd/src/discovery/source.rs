@@ -243,25 +243,10 @@ impl Source {
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::ByteString;
-
     use super::*;
 
     fn secret(labels: &[(&str, &str)], data: &[u8]) -> Secret {
-        Secret {
-            metadata: kube::api::ObjectMeta {
-                name: Some("s".to_owned()),
-                labels: Some(
-                    labels
-                        .iter()
-                        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                        .collect(),
-                ),
-                ..Default::default()
-            },
-            data: Some([("value".to_owned(), ByteString(data.to_vec()))].into()),
-            ..Default::default()
-        }
+        secret::secret("s", labels, &[("value", data)])
     }
 
     #[test]
