@@ -3,13 +3,15 @@
 //! format, created, rotated and deleted while tether runs; a malformed one
 //! of each format; a name taken by a static remote; the home cluster paused
 //! and resumed, then killed and restarted. Each reaction is timed, and
-//! printed for `docs/benchmarks.md`.
+//! printed for `docs/benchmarks.md`. Then the exec manager's process with a
+//! discovered cluster, and discovered remotes shared between two replicas.
 
 // Metric values compared here are small integers, exact in f64.
 #![allow(clippy::float_cmp)]
 
 mod common;
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -17,7 +19,7 @@ use common::{DEADLINE, EVERY, Shape, Tether, poll};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
-use tether_testkit::{ControlPlane, RealOptions};
+use tether_testkit::{ApiServer, ControlPlane, Options, RealOptions};
 use tokio::time::Instant;
 
 /// A marker in every malformed Secret's data: it must show up nowhere.
@@ -631,4 +633,107 @@ async fn the_exec_managers_process_gets_each_discovered_cluster_and_a_cycle_per_
         "the rotation ended cycle 1"
     );
     assert!(!tether.logs().contains(&a.token()), "a token in the logs");
+}
+
+/// What a replica holds, from `/status.json`'s shard section: its remotes,
+/// and how many members it sees.
+async fn held(tether: &Tether) -> Option<(BTreeSet<String>, usize)> {
+    let (_, body) = tether.get("/status.json").await?;
+    let status: serde_json::Value = serde_json::from_str(&body).ok()?;
+    let shard = &status["shard"];
+    let owned = shard["owned"]
+        .as_array()?
+        .iter()
+        .filter_map(|v| v.as_str().map(str::to_owned))
+        .collect();
+    Some((owned, shard["members"].as_array()?.len()))
+}
+
+/// Polls until the replicas hold exactly `names` between them, each name
+/// once, both seeing both members; what each holds.
+async fn shared_once(replicas: &[&Tether], names: &BTreeSet<String>) -> Vec<BTreeSet<String>> {
+    let mut shares = Vec::new();
+    let settled = poll(DEADLINE, EVERY, async || {
+        shares = Vec::new();
+        for tether in replicas {
+            let (owned, members) = held(tether).await?;
+            if members != replicas.len() {
+                return None;
+            }
+            shares.push(owned);
+        }
+        let total: usize = shares.iter().map(BTreeSet::len).sum();
+        let union: BTreeSet<String> = shares.iter().flatten().cloned().collect();
+        (total == names.len() && &union == names).then_some(())
+    })
+    .await;
+    assert!(
+        settled.is_some(),
+        "never shared once each: want {names:?}, got {shares:?}; logs:\n{}",
+        replicas[0].logs()
+    );
+    shares
+}
+
+/// With sharding, discovered remotes are shared like static ones: two
+/// replicas, Leases and Secrets on one real home cluster, eight discovered
+/// remotes held once between them; a Secret added later goes to one; and
+/// both probe the home cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovered_remotes_are_shared_among_replicas_like_static_ones() {
+    let home = common::real_plane(RealOptions::default().name("home")).await;
+    let (secrets, _dir, home_kubeconfig) = Home::new(&home).await;
+    let mut servers = Vec::new();
+    for i in 0..9 {
+        let server = ApiServer::start(Options::default().name(format!("d{i}")))
+            .await
+            .expect("a simulated remote");
+        servers.push(server);
+    }
+    for (i, server) in servers.iter().enumerate().take(8) {
+        let secret = provider(&format!("d{i}"), &server.kubeconfig().to_yaml(), true);
+        secrets.create("fleet", &secret).await;
+    }
+    let section = format!(
+        "leaderElection: {{enabled: true, leaseNamespace: default, identity: IDENTITY, leaseDuration: 3s, renewDeadline: 2s, retryPeriod: 500ms, kubeconfig: {0}}}\n\
+         sharding: {{enabled: true}}\n\
+         discovery:\n- secrets: {{namespace: fleet, format: kubeconfig, kubeconfig: {0}}}",
+        home_kubeconfig.display()
+    );
+    let replica = |id: &str| {
+        let extra = section.replace("IDENTITY", id);
+        Tether::start::<ControlPlane>(
+            &[],
+            &[],
+            &Shape {
+                watch: Some("[]"),
+                extra: &extra,
+                ..Shape::default()
+            },
+        )
+    };
+    let (one, two) = (replica("one"), replica("two"));
+    let mut names: BTreeSet<String> = (0..8).map(|i| format!("d{i}")).collect();
+    let before = shared_once(&[&one, &two], &names).await;
+    assert!(
+        before.iter().all(|share| !share.is_empty()),
+        "both replicas hold some: {before:?}"
+    );
+    secrets
+        .create(
+            "fleet",
+            &provider("d8", &servers[8].kubeconfig().to_yaml(), true),
+        )
+        .await;
+    names.insert("d8".to_owned());
+    let after = shared_once(&[&one, &two], &names).await;
+    for (share, earlier) in after.iter().zip(&before) {
+        assert!(
+            share.difference(earlier).all(|n| n == "d8"),
+            "only the new remote moved in: {earlier:?} to {share:?}"
+        );
+    }
+    for tether in [&one, &two] {
+        until_reachable(tether, "home", Some(1.0)).await;
+    }
 }

@@ -353,10 +353,13 @@ struct RemoteEntry<'a> {
 /// Writes, into `dir`, the file that tells a process its remotes, and a
 /// kubeconfig for each remote configured by direct fields (naming the CA
 /// and token files by path: no secret is copied) or discovered (the
-/// Secret's kubeconfig, mode 0600). Returns the file.
+/// Secret's kubeconfig, mode 0600). The kubeconfigs of remotes no longer
+/// planned are removed: a cluster dropped from the fleet leaves no
+/// credentials behind. Returns the file.
 fn write_remotes(dir: &Path, cycle: u64, remotes: &[ResolvedRemote]) -> std::io::Result<PathBuf> {
     let absolute = |p: &Path| std::path::absolute(p);
     let mut entries = Vec::with_capacity(remotes.len());
+    let mut written = std::collections::BTreeSet::new();
     for remote in remotes {
         let (kubeconfig, context) = match &remote.source {
             RemoteSource::Kubeconfig { path, context } => {
@@ -383,6 +386,7 @@ fn write_remotes(dir: &Path, cycle: u64, remotes: &[ResolvedRemote]) -> std::io:
                 let path = dir.join(format!("{}.kubeconfig", remote.name));
                 // JSON is YAML: client-go reads it as a kubeconfig.
                 replace_file(&path, &serde_json::to_vec_pretty(&kubeconfig)?)?;
+                written.insert(path.clone());
                 (Some(path), None)
             }
             RemoteSource::Inferred => (None, None),
@@ -392,6 +396,7 @@ fn write_remotes(dir: &Path, cycle: u64, remotes: &[ResolvedRemote]) -> std::io:
                 // tether's private folder.
                 let path = dir.join(format!("{}.kubeconfig", remote.name));
                 replace_private_file(&path, &serde_json::to_vec_pretty(&secret.kubeconfig)?)?;
+                written.insert(path.clone());
                 (Some(path), None)
             }
         };
@@ -408,6 +413,12 @@ fn write_remotes(dir: &Path, cycle: u64, remotes: &[ResolvedRemote]) -> std::io:
         remotes: entries,
     })?;
     replace_file(&file, &body)?;
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "kubeconfig") && !written.contains(&path) {
+            std::fs::remove_file(&path)?;
+        }
+    }
     Ok(file)
 }
 
@@ -898,5 +909,43 @@ impl ManagerFactory for ExecManager {
                 Err(ManagerError::failed(ExitError(how)))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::SecretSource;
+
+    fn discovered(name: &str) -> ResolvedRemote {
+        ResolvedRemote {
+            name: name.to_owned(),
+            required: true,
+            source: RemoteSource::Secret(Arc::new(SecretSource {
+                namespace: "fleet".to_owned(),
+                name: name.to_owned(),
+                digest: Vec::new(),
+                kubeconfig: kube::config::Kubeconfig::default(),
+            })),
+            config: Arc::new(kube::Config::new("https://h:6443".parse().expect("a URL"))),
+            files: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_discovered_clusters_kubeconfig_is_private_and_goes_with_it() {
+        use std::os::unix::fs::PermissionsExt as _;
+
+        let dir = tempfile::tempdir().expect("temp dir");
+        write_remotes(dir.path(), 1, &[discovered("a"), discovered("b")]).expect("written");
+        let a = dir.path().join("a.kubeconfig");
+        let mode = std::fs::metadata(&a)
+            .expect("a's file")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        write_remotes(dir.path(), 2, &[discovered("b")]).expect("written");
+        assert!(!a.exists(), "a's credentials outlived it");
+        assert!(dir.path().join("b.kubeconfig").exists());
     }
 }
