@@ -115,7 +115,7 @@ fn write_discovery(out: &mut String, sources: &[crate::config::DiscoverySpec]) {
         return;
     };
     let home = first.kubeconfig.as_ref().map_or_else(
-        || "in-cluster".to_owned(),
+        || "in-cluster in a pod, else the current kubeconfig context".to_owned(),
         |path| format!("kubeconfig {}", path.display()),
     );
     let _ = writeln!(

@@ -71,7 +71,8 @@ pub struct DiscoverySpec {
     pub label_selector: Option<String>,
     /// Whether the remotes it finds are required.
     pub required: bool,
-    /// The home cluster's kubeconfig; `None`: in-cluster.
+    /// The home cluster's kubeconfig; `None`: in-cluster in a pod, else
+    /// the current kubeconfig context.
     pub kubeconfig: Option<PathBuf>,
 }
 

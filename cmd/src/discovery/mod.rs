@@ -54,27 +54,20 @@ pub enum Error {
     Metrics(#[from] prometheus::Error),
 }
 
-/// The home cluster's connection settings: `kubeconfig`, or in-cluster.
+/// The home cluster's connection settings, as the Leases take them
+/// ([`crate::lease::home_config`]), its errors told with the file.
 ///
 /// # Errors
 ///
 /// [`Error::Config`].
 pub async fn home_config(kubeconfig: Option<&Path>) -> Result<kube::Config, Error> {
-    let root = |e: &(dyn std::error::Error + 'static)| tether_probes::client::root_cause(e);
-    match kubeconfig {
-        Some(path) => {
-            let kubeconfig = kube::config::Kubeconfig::read_from(path)
-                .map_err(|e| Error::Config(format!("{}: {}", path.display(), root(&e))))?;
-            kube::Config::from_custom_kubeconfig(
-                kubeconfig,
-                &kube::config::KubeConfigOptions::default(),
-            )
-            .await
-            .map_err(|e| Error::Config(format!("{}: {}", path.display(), root(&e))))
-        }
-        None => kube::Config::incluster()
-            .map_err(|e| Error::Config(format!("no in-cluster config: {}", root(&e)))),
-    }
+    crate::lease::home_config(kubeconfig).await.map_err(|err| {
+        let cause = tether_probes::client::root_cause(&err);
+        Error::Config(match kubeconfig {
+            Some(path) => format!("{}: {cause}", path.display()),
+            None => format!("not in a pod, and no kubeconfig: {cause}"),
+        })
+    })
 }
 
 /// One discovered Secret that is skipped, and why.

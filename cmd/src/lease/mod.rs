@@ -65,6 +65,30 @@ impl Leases {
     }
 }
 
+/// The home cluster's connection settings: `kubeconfig`, or, without one,
+/// in-cluster in a pod and the current kubeconfig context elsewhere. The
+/// Leases, the Events and discovery's Secrets all come from it.
+///
+/// # Errors
+///
+/// [`Error::Kubeconfig`] or [`Error::Infer`] if the cluster cannot be
+/// known.
+pub async fn home_config(kubeconfig: Option<&std::path::Path>) -> Result<kube::Config, Error> {
+    match kubeconfig {
+        Some(path) => {
+            let kubeconfig =
+                kube::config::Kubeconfig::read_from(path).map_err(Error::Kubeconfig)?;
+            kube::Config::from_custom_kubeconfig(
+                kubeconfig,
+                &kube::config::KubeConfigOptions::default(),
+            )
+            .await
+            .map_err(Error::Kubeconfig)
+        }
+        None => kube::Config::infer().await.map_err(Error::Infer),
+    }
+}
+
 /// A client of the home cluster (`kubeconfig`'s current context, else
 /// in-cluster, else the current kubeconfig context), and the namespace that
 /// context names: each request bounded by `timeout`, no retries, each
@@ -80,19 +104,7 @@ pub async fn home_client(
     kubeconfig: Option<&std::path::Path>,
     timeout: std::time::Duration,
 ) -> Result<(kube::Client, String), Error> {
-    let mut config = match kubeconfig {
-        Some(path) => {
-            let kubeconfig =
-                kube::config::Kubeconfig::read_from(path).map_err(Error::Kubeconfig)?;
-            kube::Config::from_custom_kubeconfig(
-                kubeconfig,
-                &kube::config::KubeConfigOptions::default(),
-            )
-            .await
-            .map_err(Error::Kubeconfig)?
-        }
-        None => kube::Config::infer().await.map_err(Error::Infer)?,
-    };
+    let mut config = home_config(kubeconfig).await?;
     config.default_retry = false;
     config.read_timeout = Some(timeout);
     config.connect_timeout = Some(timeout);
