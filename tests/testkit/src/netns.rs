@@ -14,7 +14,7 @@
 
 use std::net::Ipv4Addr;
 use std::process::Command;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU32, Ordering};
 
 use crate::{Error, Result};
 
@@ -30,6 +30,7 @@ pub struct TestHost {
     veth: String,
     addr: Ipv4Addr,
     host_addr: Ipv4Addr,
+    next_port: AtomicU16,
 }
 
 fn run(program: &str, args: &[&str]) -> Result<()> {
@@ -98,6 +99,7 @@ impl TestHost {
             veth,
             addr,
             host_addr,
+            next_port: AtomicU16::new(6443),
         };
         let ns = host.namespace.as_str();
         run(
@@ -146,6 +148,13 @@ impl TestHost {
     #[must_use]
     pub fn host_addr(&self) -> Ipv4Addr {
         self.host_addr
+    }
+
+    /// A port on [`addr`](Self::addr) that no one was given before: the
+    /// namespace is fresh, so 6443 and up are free in it, and each call
+    /// hands out the next.
+    pub fn take_port(&self) -> u16 {
+        self.next_port.fetch_add(1, Ordering::Relaxed)
     }
 
     /// The namespace's name.

@@ -77,6 +77,8 @@ pub struct RealOptions {
     name: String,
     shutdown_delay: Duration,
     host: bool,
+    shared: Option<Arc<TestHost>>,
+    service_endpoints: bool,
 }
 
 impl RealOptions {
@@ -102,7 +104,29 @@ impl RealOptions {
         self.host = host;
         self
     }
+
+    /// Runs the apiserver in `host`, a [`TestHost`] it shares with other
+    /// processes (a [`Node`](crate::Node)'s), on a port of its own there.
+    #[must_use]
+    pub fn on_host(mut self, host: Arc<TestHost>) -> Self {
+        self.shared = Some(host);
+        self
+    }
+
+    /// Keeps the `kubernetes` Service's endpoints (`--endpoint-reconciler-type
+    /// =lease`), for a cluster whose pods reach the apiserver through it;
+    /// without, the plane publishes none.
+    #[must_use]
+    pub fn service_endpoints(mut self, on: bool) -> Self {
+        self.service_endpoints = on;
+        self
+    }
 }
+
+/// The ClusterIP of the `kubernetes` Service: the first address of
+/// `--service-cluster-ip-range`. The serving certificate names it, as
+/// kubeadm's does, for clients in pods.
+pub const SERVICE_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 1);
 
 /// The secrets of one incarnation of a cluster: a CA, the apiserver's
 /// serving certificate, the admin's token and client certificate, and the
@@ -127,6 +151,9 @@ impl Credentials {
         serving
             .subject_alt_names
             .push(SanType::IpAddress(Ipv4Addr::LOCALHOST.into()));
+        serving
+            .subject_alt_names
+            .push(SanType::IpAddress(SERVICE_IP.into()));
         serving
             .distinguished_name
             .push(DnType::CommonName, "kube-apiserver");
@@ -165,14 +192,15 @@ impl Credentials {
     }
 }
 
-/// A running process of the plane, with its log file.
-struct Process {
+/// A running process of the plane (or of a [`Node`](crate::Node)), with
+/// its log file.
+pub(crate) struct Process {
     child: Child,
     log: PathBuf,
 }
 
 impl Process {
-    fn spawn(mut command: Command, what: &str, log: PathBuf) -> Result<Self> {
+    pub(crate) fn spawn(mut command: Command, what: &str, log: PathBuf) -> Result<Self> {
         let child = command.spawn().map_err(|source| Error::Command {
             command: what.to_owned(),
             reason: format!("could not start it ({source}); setpriv is in util-linux"),
@@ -190,14 +218,19 @@ impl Process {
         let _ = rustix::process::kill_process(self.pid(), signal);
     }
 
-    fn kill(&mut self) {
+    /// Its exit status, once it has exited.
+    pub(crate) fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    pub(crate) fn kill(&mut self) {
         self.signal(rustix::process::Signal::CONT);
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 
     /// The last lines of its log, for an error.
-    fn tail(&self) -> String {
+    pub(crate) fn tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(30)..].join("\n")
@@ -215,7 +248,7 @@ struct Running {
 pub struct ControlPlane {
     options: RealOptions,
     dir: tempfile::TempDir,
-    host: Option<TestHost>,
+    host: Option<Arc<TestHost>>,
     ip: Ipv4Addr,
     port: u16,
     etcd_ports: (u16, u16),
@@ -273,22 +306,26 @@ impl ControlPlane {
         };
         peer("etcd")?;
         peer("kube-apiserver")?;
-        let host = if options.host {
-            Some(TestHost::create()?)
-        } else {
-            None
+        let own = options.shared.is_none() && options.host;
+        let host = match &options.shared {
+            Some(host) => Some(Arc::clone(host)),
+            None if own => Some(Arc::new(TestHost::create()?)),
+            None => None,
         };
-        let ip = host.as_ref().map_or(Ipv4Addr::LOCALHOST, TestHost::addr);
+        let ip = host.as_ref().map_or(Ipv4Addr::LOCALHOST, |h| h.addr());
         let dir = tempfile::Builder::new()
             .prefix(&format!("tether-real-{}-", options.name))
             .tempdir()?;
         let credentials = Credentials::generate(&options.name, ip.into(), dir.path())?;
-        let etcd_ip = host
-            .as_ref()
-            .map_or(Ipv4Addr::LOCALHOST, TestHost::host_addr);
+        let etcd_ip = host.as_ref().map_or(Ipv4Addr::LOCALHOST, |h| h.host_addr());
         let mut plane = Self {
-            // A fresh test host has every port free.
-            port: if host.is_some() { 6443 } else { free_port(ip)? },
+            // A fresh test host has every port free; a shared one hands
+            // out its own.
+            port: match &host {
+                Some(_) if own => 6443,
+                Some(host) => host.take_port(),
+                None => free_port(ip)?,
+            },
             etcd_ports: (free_port(etcd_ip)?, free_port(Ipv4Addr::LOCALHOST)?),
             options,
             dir,
@@ -365,7 +402,7 @@ impl ControlPlane {
         let ip = self
             .host
             .as_ref()
-            .map_or(Ipv4Addr::LOCALHOST, TestHost::host_addr);
+            .map_or(Ipv4Addr::LOCALHOST, |h| h.host_addr());
         format!("{ip}:{}", self.etcd_ports.0)
     }
 
@@ -392,8 +429,15 @@ impl ControlPlane {
             ))
             .arg("--service-cluster-ip-range=10.96.0.0/16")
             .arg(format!("--cert-dir={}", file("certs")))
-            .arg("--endpoint-reconciler-type=none")
+            .arg(if self.options.service_endpoints {
+                "--endpoint-reconciler-type=lease"
+            } else {
+                "--endpoint-reconciler-type=none"
+            })
             .arg("--profiling=false")
+            // A Node's name resolves nowhere here: `kubectl logs` reaches
+            // a kubelet by its address.
+            .arg("--kubelet-preferred-address-types=InternalIP")
             .arg(format!(
                 "--shutdown-delay-duration={}ms",
                 self.options.shutdown_delay.as_millis()
@@ -636,6 +680,13 @@ impl ControlPlane {
             "a black hole needs a plane started in a test host",
         ))?;
         host.blackhole(self.port, on)
+    }
+
+    /// The path of one of the plane's files: `ca.crt`, `sa.key`, `sa.pub`
+    /// (what a kube-controller-manager beside it reads).
+    #[must_use]
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
     }
 
     /// The apiserver's log so far.
