@@ -79,8 +79,9 @@ def check_manager(label, values, pod, config):
     if injected:
         init = pod.get("initContainers", [{}])[0]
         shared = [v for v in pod["volumes"] if v["name"] == "tether-bin"]
-        check(init.get("args") == ["install", "/tether/tether"] and init["image"].startswith(values.get("image", {}).get("repository", "localhost/tether"))
+        check(init.get("args") == ["install", "/install/tether"] and init["image"].startswith(values.get("image", {}).get("repository", "localhost/tether"))
               and shared == [{"name": "tether-bin", "emptyDir": {}}]
+              and init.get("volumeMounts") == [{"name": "tether-bin", "mountPath": "/install"}]
               and {"name": "tether-bin", "mountPath": "/tether", "readOnly": True} in container["volumeMounts"],
               f"{label}: an init container from tether's image copies tether into a shared emptyDir")
         check(container["image"] == f"{injected}:{exec_values['image']['tag']}"
