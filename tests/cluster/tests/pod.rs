@@ -38,6 +38,12 @@ async fn tether_runs_as_a_pod_on_a_real_node() {
     let pod = quickstart(&kube, &a, &b).await;
     remote_lost_and_back(&kube, &a, &pod).await;
     secret_rotated(&kube, &b, &pod).await;
+    kube.helm(&["uninstall", "tether", "-n", NS, "--wait"]);
+
+    three_replicas(&kube, &a, &b).await;
+    for way in [Way::InTheImage, Way::CopiedIn] {
+        exec_manager(&kube, &a, way).await;
+    }
     drop(node);
 }
 
@@ -172,6 +178,335 @@ async fn secret_rotated(kube: &Kube, b: &ControlPlane, pod: &str) {
             .any(|l| l.contains("kubeconfig changed") && l.contains("cluster-b")),
         "the log says the kubeconfig changed:\n{log}"
     );
+}
+
+/// The release `ha`: three replicas over both remotes, with leader
+/// election (the chart turns it on). Exactly one leads; deleting its pod
+/// moves the Lease to another within the documented bound; an eviction
+/// honours the `PodDisruptionBudget` (maxUnavailable 1).
+async fn three_replicas(kube: &Kube, a: &ControlPlane, b: &ControlPlane) {
+    const HA: &str = "ha";
+    kube.secrets(HA, &[("cluster-a", a), ("cluster-b", b)]);
+    install(
+        kube,
+        HA,
+        "remotes:
+  - {name: cluster-a, secretName: tether-cluster-a}
+  - {name: cluster-b, secretName: tether-cluster-b}
+replicaCount: 3
+",
+    );
+    let (pods, took) = all_ready(kube, HA, 3).await;
+    println!("ha: helm install to 3 Ready in {took:.1?}");
+
+    let leader = only_leader(kube, HA, &pods).await;
+    kube.kubectl(&["-n", HA, "delete", "pod", &leader, "--wait=false"]);
+    let (next, took) = poll(
+        "another replica leads after the leader's pod was deleted",
+        FAILOVER_WITHIN,
+        || {
+            // A follower, or the deleted pod's replacement: whichever
+            // reads the released Lease first.
+            let holder = lease_holder(kube, HA)?;
+            kube.pods(HA, HA)
+                .into_iter()
+                .map(|p| p.name)
+                .find(|p| *p != leader && holder.starts_with(p.as_str()))
+        },
+        || {
+            format!(
+                "{:?}",
+                kube.kubectl(&["-n", HA, "get", "lease", "-o", "yaml"])
+            )
+        },
+    )
+    .await;
+    println!("ha: leader's pod deleted to {next} holding the Lease in {took:.1?}");
+    let (pods, _) = all_ready(kube, HA, 3).await;
+    assert_eq!(
+        only_leader(kube, HA, &pods).await,
+        next,
+        "the new holder leads, alone"
+    );
+
+    // The budget allows one pod down: the first eviction is taken, the
+    // second, while the first pod's replacement is not Ready, refused.
+    poll(
+        "the PodDisruptionBudget allows one disruption",
+        Duration::from_secs(60),
+        || {
+            let pdb = kube.json(&["-n", HA, "get", "pdb", "ha-tether"]);
+            (pdb["status"]["disruptionsAllowed"] == 1).then_some(())
+        },
+        || kube.kubectl(&["-n", HA, "get", "pdb", "-o", "yaml"]),
+    )
+    .await;
+    let followers: Vec<&String> = pods.iter().filter(|p| **p != next).collect();
+    evict(kube, HA, followers[0]).expect("the first eviction is allowed");
+    let refused = evict(kube, HA, followers[1]).expect_err("the second eviction is refused");
+    assert!(
+        refused.contains("disruption budget"),
+        "refused for the budget: {refused}"
+    );
+    let (_, took) = all_ready(kube, HA, 3).await;
+    println!(
+        "ha: eviction to 3 Ready again in {took:.1?}; a second eviction was refused: {}",
+        refused.trim()
+    );
+    kube.helm(&["uninstall", HA, "-n", HA, "--wait"]);
+}
+
+/// The longest a deleted leader's Lease may take to move: the leader
+/// stops its manager and releases it (SIGTERM from the kubelet), and a
+/// follower takes it within `retryPeriod` (2s, with 20% jitter); a leader
+/// that never released it would hold it `leaseDuration` (15s) longer.
+const FAILOVER_WITHIN: Duration = Duration::from_secs(15);
+
+/// The two ways the chart runs the exec manager.
+#[derive(Debug, Clone, Copy)]
+enum Way {
+    /// tether in the controller's image (`image` set to it).
+    InTheImage,
+    /// tether copied in by an init container (`manager.exec.image`).
+    CopiedIn,
+}
+
+/// The exec manager, one way, with the real controller-runtime
+/// `mirror-controller` as the controller: the pod turns Ready through the
+/// controller's own `/readyz`, and a ConfigMap labelled in cluster-a is
+/// mirrored into the home namespace by the controller tether started.
+async fn exec_manager(kube: &Kube, a: &ControlPlane, way: Way) {
+    let ns = match way {
+        Way::InTheImage => "exec-image",
+        Way::CopiedIn => "exec-copied",
+    };
+    kube.secrets(ns, &[("cluster-a", a)]);
+    // The controller writes its mirrors at home: a Role for that, as its
+    // own chart would carry.
+    let account = format!("system:serviceaccount:{ns}:{ns}-tether");
+    kube.kubectl(&[
+        "-n",
+        ns,
+        "create",
+        "role",
+        "mirror",
+        "--verb=get,list,watch,create,update,patch,delete",
+        "--resource=configmaps",
+    ]);
+    kube.kubectl(&[
+        "-n",
+        ns,
+        "create",
+        "rolebinding",
+        "mirror",
+        "--role=mirror",
+        &format!("--user={account}"),
+    ]);
+    let image = match way {
+        Way::InTheImage => "image: {repository: localhost/mirror-controller-tether, tag: test}",
+        Way::CopiedIn => "image: {repository: localhost/tether}",
+    };
+    let inject = match way {
+        Way::InTheImage => "",
+        Way::CopiedIn => "    image: {repository: localhost/mirror-controller, tag: test}\n",
+    };
+    install(
+        kube,
+        ns,
+        &format!(
+            "{image}
+remotes:
+  - {{name: cluster-a, secretName: tether-cluster-a}}
+manager:
+  exec:
+    command: [/mirror-controller, --remote, cluster-a, --namespace, {ns}]
+    readiness: {{httpGet: {{port: 8081, path: /readyz}}, period: 1s, timeout: 1s, failureThreshold: 3}}
+{inject}"
+        ),
+    );
+    let (pods, took) = all_ready(kube, ns, 1).await;
+    println!("exec ({way:?}): helm install to Ready in {took:.1?}");
+    let pod = kube.json(&["-n", ns, "get", "pod", &pods[0]]);
+    if let Way::CopiedIn = way {
+        let init = &pod["status"]["initContainerStatuses"][0];
+        assert_eq!(init["name"], "install-tether");
+        assert_eq!(
+            init["state"]["terminated"]["exitCode"], 0,
+            "tether was copied in: {init}"
+        );
+    }
+
+    let took = mirrored(kube, a, ns, &pods[0]).await;
+    println!("exec ({way:?}): a labelled ConfigMap mirrored in {took:.1?}");
+    let pods_now = kube.pods(ns, ns);
+    assert_eq!(pods_now.len(), 1);
+    assert_eq!(pods_now[0].restarts, 0, "{way:?}: no restart");
+    kube.helm(&["uninstall", ns, "-n", ns, "--wait"]);
+}
+
+/// Labels a new ConfigMap in cluster-a for mirroring, and waits until
+/// the controller in `pod` has written its mirror into `ns` at home.
+async fn mirrored(kube: &Kube, a: &ControlPlane, ns: &str, pod: &str) -> Duration {
+    let remote = tempfile::NamedTempFile::new().expect("temp file");
+    a.kubeconfig().write(remote.path()).expect("kubeconfig");
+    let name = format!("seen-by-{ns}");
+    kube.kubectl(&[
+        "--kubeconfig",
+        remote.path().to_str().expect("UTF-8"),
+        "-n",
+        "default",
+        "create",
+        "configmap",
+        &name,
+        "--from-literal=from=cluster-a",
+    ]);
+    kube.kubectl(&[
+        "--kubeconfig",
+        remote.path().to_str().expect("UTF-8"),
+        "-n",
+        "default",
+        "label",
+        "configmap",
+        &name,
+        "tether.test/mirror=yes",
+    ]);
+    let (_, took) = poll(
+        "the controller mirrors cluster-a's ConfigMap at home",
+        Duration::from_secs(60),
+        || {
+            kube.try_run(
+                "kubectl",
+                &[
+                    "-n",
+                    ns,
+                    "get",
+                    "configmap",
+                    &format!("default-{name}"),
+                    "-o",
+                    "jsonpath={.data.from}",
+                ],
+            )
+            .ok()
+            .filter(|from| from == "cluster-a")
+        },
+        || {
+            kube.try_run("kubectl", &["-n", ns, "logs", pod])
+                .unwrap_or_else(|e| e)
+        },
+    )
+    .await;
+    took
+}
+
+/// `helm install <namespace> <chart> -n <namespace> -f <values>`: the
+/// release is named for its namespace.
+fn install(kube: &Kube, namespace: &str, values: &str) {
+    let file = tempfile::NamedTempFile::new().expect("temp file");
+    std::fs::write(file.path(), values).expect("values");
+    let chart = common::root().join("helm/tether");
+    kube.helm(&[
+        "install",
+        namespace,
+        chart.to_str().expect("UTF-8"),
+        "-n",
+        namespace,
+        "-f",
+        file.path().to_str().expect("UTF-8"),
+    ]);
+}
+
+/// Waits until `release`'s pods are exactly `count`, all Ready and none
+/// terminating: their names, and how long it took.
+async fn all_ready(kube: &Kube, release: &str, count: usize) -> (Vec<String>, Duration) {
+    poll(
+        &format!("{count} Ready pods of {release}"),
+        READY_WITHIN,
+        || {
+            let pods = kube.pods(release, release);
+            (pods.len() == count && pods.iter().all(|p| p.ready && !p.deleting))
+                .then(|| pods.into_iter().map(|p| p.name).collect())
+        },
+        || {
+            kube.try_run("kubectl", &["-n", release, "describe", "pods"])
+                .unwrap_or_else(|e| e)
+        },
+    )
+    .await
+}
+
+/// The Lease's holder, if it has one.
+fn lease_holder(kube: &Kube, release: &str) -> Option<String> {
+    let lease = kube
+        .try_run(
+            "kubectl",
+            &[
+                "-n",
+                release,
+                "get",
+                "lease",
+                &format!("{release}-tether"),
+                "-o",
+                "jsonpath={.spec.holderIdentity}",
+            ],
+        )
+        .ok()?;
+    (!lease.is_empty()).then_some(lease)
+}
+
+/// Waits until one of `pods` leads: its `tether_leader` is 1, every
+/// other's 0, and the Lease names it. Never two at once: each look checks.
+async fn only_leader(kube: &Kube, release: &str, pods: &[String]) -> String {
+    let leaders = || -> Vec<String> {
+        pods.iter()
+            .filter(|pod| {
+                let metrics = kube
+                    .admin(release, pod, "/metrics")
+                    .expect("the admin port answers");
+                let value = metrics
+                    .lines()
+                    .find_map(|l| l.strip_prefix("tether_leader "))
+                    .unwrap_or_else(|| panic!("{pod} exports tether_leader"));
+                value.trim() == "1"
+            })
+            .cloned()
+            .collect()
+    };
+    let (leader, _) = poll(
+        &format!("one of {pods:?} leads"),
+        FAILOVER_WITHIN,
+        || {
+            let leaders = leaders();
+            assert!(leaders.len() <= 1, "two lead at once: {leaders:?}");
+            let holder = lease_holder(kube, release)?;
+            leaders
+                .into_iter()
+                .next()
+                .filter(|leader| holder.starts_with(leader.as_str()))
+        },
+        || kube.kubectl(&["-n", release, "get", "lease", "-o", "yaml"]),
+    )
+    .await;
+    leader
+}
+
+/// Asks for `pod`'s eviction (policy/v1 Eviction): Ok, or the refusal.
+fn evict(kube: &Kube, namespace: &str, pod: &str) -> Result<String, String> {
+    let file = tempfile::NamedTempFile::new().expect("temp file");
+    std::fs::write(
+        file.path(),
+        format!(r#"{{"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {{"name": "{pod}", "namespace": "{namespace}"}}}}"#),
+    )
+    .expect("eviction");
+    kube.try_run(
+        "kubectl",
+        &[
+            "create",
+            "--raw",
+            &format!("/api/v1/namespaces/{namespace}/pods/{pod}/eviction"),
+            "-f",
+            file.path().to_str().expect("UTF-8"),
+        ],
+    )
 }
 
 /// The quickstart's one pod, once there is exactly one.

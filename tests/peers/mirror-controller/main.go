@@ -98,10 +98,13 @@ func run(home, remote, into, probes, metrics string) error {
 	if err != nil {
 		return fmt.Errorf("remote kubeconfig: %w", err)
 	}
+	// The home cache holds only the namespace mirrors are written into, so
+	// a Role there is all the RBAC the controller needs at home.
 	mgr, err := ctrl.NewManager(homeConfig, ctrl.Options{
 		HealthProbeBindAddress: probes,
 		Metrics:                metricsserver.Options{BindAddress: metrics},
 		LeaderElection:         false,
+		Cache:                  cache.Options{DefaultNamespaces: map[string]cache.Config{into: {}}},
 	})
 	if err != nil {
 		return fmt.Errorf("manager: %w", err)

@@ -585,7 +585,11 @@ impl Drop for Node {
         self.kill_shims();
         self.unmount_all();
         for namespace in namespaces {
-            let _ = Command::new("umount").args(["--lazy", &namespace]).status();
+            // The CRI's teardown may have removed it already.
+            let _ = Command::new("umount")
+                .args(["--lazy", &namespace])
+                .stderr(Stdio::null())
+                .status();
             let _ = std::fs::remove_file(&namespace);
         }
     }
