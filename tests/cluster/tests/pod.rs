@@ -70,6 +70,13 @@ async fn quickstart(kube: &Kube, a: &ControlPlane, b: &ControlPlane) -> String {
     .await;
     println!("quickstart: helm install to Ready in {took:.1?}");
     assert_eq!(pod.restarts, 0, "no restart on the way: {pod:?}");
+    let spec = kube.json(&["-n", NS, "get", "pod", &pod.name]);
+    let probe = &spec["spec"]["containers"][0]["readinessProbe"]["httpGet"];
+    assert_eq!(
+        (probe["path"].as_str(), probe["port"].as_str()),
+        (Some("/readyz"), Some("admin")),
+        "Ready is the kubelet's probe of tether's /readyz"
+    );
     for kind in ["servicemonitor", "prometheusrule"] {
         kube.kubectl(&["-n", NS, "get", kind, "tether"]);
     }
