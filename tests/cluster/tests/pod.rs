@@ -61,13 +61,7 @@ async fn quickstart(kube: &Kube, a: &ControlPlane, b: &ControlPlane) -> String {
         .expect("kubeconfig");
     common::run_script(kube, dir.path(), &common::quickstart());
 
-    let (pod, took) = poll(
-        "the quickstart's pod Ready",
-        READY_WITHIN,
-        || only_pod(kube).filter(|p| p.ready),
-        || describe(kube),
-    )
-    .await;
+    let (pod, took) = until_pod(kube, "the quickstart's pod Ready", true, READY_WITHIN).await;
     println!("quickstart: helm install to Ready in {took:.1?}");
     assert_eq!(pod.restarts, 0, "no restart on the way: {pod:?}");
     let spec = kube.json(&["-n", NS, "get", "pod", &pod.name]);
@@ -85,7 +79,51 @@ async fn quickstart(kube: &Kube, a: &ControlPlane, b: &ControlPlane) -> String {
         log.contains("manager up: every required cache synced"),
         "the log says what the README says it will:\n{log}"
     );
+    status_through_port_forward(kube).await;
     pod.name
+}
+
+/// The README's `kubectl -n tether port-forward deploy/tether 9090`, on a
+/// free local port: `/status` answers through it and names both remotes.
+async fn status_through_port_forward(kube: &Kube) {
+    let mut forward = kube
+        .command("kubectl")
+        .args(["-n", NS, "port-forward", "deploy/tether", ":9090"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("kubectl port-forward starts");
+    let stdout = forward.stdout.take().expect("stdout");
+    // "Forwarding from 127.0.0.1:41234 -> 9090", once it listens.
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).map(|_| line)
+    })
+    .await
+    .expect("the reader's thread")
+    .expect("kubectl port-forward prints where it listens");
+    let addr = line
+        .split_whitespace()
+        .nth(2)
+        .filter(|addr| addr.starts_with("127.0.0.1:"))
+        .unwrap_or_else(|| panic!("a local address in {line:?}"))
+        .to_owned();
+    let begun = tokio::time::Instant::now();
+    let page = loop {
+        match tether_testkit::http_get(&addr, "/status").await {
+            Some((200, page)) if page.contains("cluster-a") && page.contains("cluster-b") => {
+                break page;
+            }
+            answer => assert!(
+                begun.elapsed() < Duration::from_secs(30),
+                "/status through kubectl port-forward on {addr}: {answer:?}"
+            ),
+        }
+        tokio::time::sleep(common::EVERY).await;
+    };
+    let _ = forward.kill();
+    let _ = forward.wait();
+    assert!(page.contains("<html"), "the status page is HTML");
 }
 
 /// One remote's apiserver hangs (SIGSTOP): the pod turns NotReady (0/1),
@@ -93,11 +131,11 @@ async fn quickstart(kube: &Kube, a: &ControlPlane, b: &ControlPlane) -> String {
 /// resumes, with no container restart.
 async fn remote_lost_and_back(kube: &Kube, a: &ControlPlane, pod: &str) {
     a.pause();
-    let (_, took) = poll(
+    let (_, took) = until_pod(
+        kube,
         "NotReady after cluster-a hung",
+        false,
         NOT_READY_WITHIN,
-        || only_pod(kube).filter(|p| !p.ready),
-        || describe(kube),
     )
     .await;
     println!("loss: SIGSTOP to NotReady in {took:.1?}");
@@ -122,11 +160,11 @@ async fn remote_lost_and_back(kube: &Kube, a: &ControlPlane, pod: &str) {
     .await;
 
     a.resume();
-    let (back, took) = poll(
+    let (back, took) = until_pod(
+        kube,
         "Ready again after cluster-a resumed",
+        true,
         READY_WITHIN,
-        || only_pod(kube).filter(|p| p.ready),
-        || describe(kube),
     )
     .await;
     println!("loss: SIGCONT to Ready in {took:.1?}");
@@ -141,11 +179,11 @@ async fn remote_lost_and_back(kube: &Kube, a: &ControlPlane, pod: &str) {
 /// a restart.
 async fn secret_rotated(kube: &Kube, b: &ControlPlane, pod: &str) {
     b.recreate().await.expect("cluster-b is made anew");
-    let (_, took) = poll(
+    let (_, took) = until_pod(
+        kube,
         "NotReady on cluster-b's old credentials",
+        false,
         NOT_READY_WITHIN,
-        || only_pod(kube).filter(|p| !p.ready),
-        || describe(kube),
     )
     .await;
     println!("rotation: cluster-b recreated to NotReady in {took:.1?}");
@@ -153,27 +191,19 @@ async fn secret_rotated(kube: &Kube, b: &ControlPlane, pod: &str) {
     let dir = tempfile::tempdir().expect("temp dir");
     let file = dir.path().join("cluster-b.kubeconfig");
     b.kubeconfig().write(&file).expect("kubeconfig");
-    let manifest = kube.kubectl(&[
-        "-n",
-        NS,
-        "create",
-        "secret",
-        "generic",
-        "tether-cluster-b",
-        &format!("--from-file=kubeconfig={}", file.display()),
-        "--dry-run=client",
-        "-o",
-        "yaml",
-    ]);
-    let applied = dir.path().join("secret.yaml");
-    std::fs::write(&applied, manifest).expect("manifest");
-    kube.kubectl(&["apply", "-f", applied.to_str().expect("UTF-8")]);
+    common::run_script(
+        kube,
+        dir.path(),
+        "kubectl -n tether create secret generic tether-cluster-b \\
+           --from-file=kubeconfig=./cluster-b.kubeconfig --dry-run=client -o yaml \\
+         | kubectl apply -f -",
+    );
 
-    let (back, took) = poll(
+    let (back, took) = until_pod(
+        kube,
         "Ready on cluster-b's new credentials",
+        true,
         READY_WITHIN,
-        || only_pod(kube).filter(|p| p.ready),
-        || describe(kube),
     )
     .await;
     println!("rotation: kubectl apply to Ready in {took:.1?}");
@@ -514,6 +544,18 @@ fn evict(kube: &Kube, namespace: &str, pod: &str) -> Result<String, String> {
             file.path().to_str().expect("UTF-8"),
         ],
     )
+}
+
+/// Waits until the quickstart has exactly one pod, Ready or not as
+/// `ready` says: the pod, and how long it took.
+async fn until_pod(kube: &Kube, what: &str, ready: bool, within: Duration) -> (Pod, Duration) {
+    poll(
+        what,
+        within,
+        || only_pod(kube).filter(|p| p.ready == ready),
+        || describe(kube),
+    )
+    .await
 }
 
 /// The quickstart's one pod, once there is exactly one.

@@ -260,6 +260,23 @@ impl Node {
         Ok(())
     }
 
+    /// Writes `config` to `<name>.<extension>` and starts `binary
+    /// --config=<that file>`, then `args`.
+    fn spawn_configured(
+        &self,
+        name: &'static str,
+        binary: &Path,
+        extension: &str,
+        config: &str,
+        args: &[String],
+    ) -> Result<()> {
+        let file = self.dir.path().join(format!("{name}.{extension}"));
+        std::fs::write(&file, config)?;
+        let mut all = vec![format!("--config={}", file.display())];
+        all.extend_from_slice(args);
+        self.spawn(name, binary, &all)
+    }
+
     fn path(&self, name: &str) -> String {
         self.dir.path().join(name).display().to_string()
     }
@@ -301,12 +318,13 @@ impl Node {
                 leases = self.path("cni-leases"),
             ),
         )?;
-        let config = self.dir.path().join("containerd.toml");
         // restrict_oom_score_adj: the sandbox lacks CAP_SYS_RESOURCE, and
         // runc fails to start a container whose score it cannot raise.
-        std::fs::write(
-            &config,
-            format!(
+        self.spawn_configured(
+            "containerd",
+            Path::new("/usr/bin/containerd"),
+            "toml",
+            &format!(
                 r#"version = 2
 root = "{root}"
 state = "{state}"
@@ -330,11 +348,7 @@ state = "{state}"
                 socket = self.socket.display(),
                 cni = cni.display(),
             ),
-        )?;
-        self.spawn(
-            "containerd",
-            Path::new("/usr/bin/containerd"),
-            &[format!("--config={}", config.display())],
+            &[],
         )?;
         let begun = Instant::now();
         self.until(begun, "containerd", || async {
@@ -344,11 +358,12 @@ state = "{state}"
     }
 
     fn start_kube_proxy(&self) -> Result<()> {
-        let config = self.dir.path().join("kube-proxy.yaml");
         // conntrack: zeros leave the machine-wide tables alone.
-        std::fs::write(
-            &config,
-            format!(
+        self.spawn_configured(
+            "kube-proxy",
+            &peer("kube-proxy")?,
+            "yaml",
+            &format!(
                 "apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 mode: nftables
@@ -363,24 +378,24 @@ conntrack: {{maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeo
                 kubeconfig = self.kubeconfig.display(),
                 addr = self.host.addr(),
             ),
-        )?;
-        self.spawn(
-            "kube-proxy",
-            &peer("kube-proxy")?,
-            &[format!("--config={}", config.display())],
+            &[],
         )
     }
 
     fn start_kubelet(&self) -> Result<()> {
-        let config = self.dir.path().join("kubelet.yaml");
         // cgroupfs and failCgroupV1/failSwapOn off: the machines mount
         // cgroup v1 beside v2, with no systemd. Anonymous and AlwaysAllow:
         // its port is in the node's namespace, reached only by the
         // apiserver (kubectl logs). syncFrequency: a Secret's change
-        // reaches its volume within about 10s, not a minute.
-        std::fs::write(
-            &config,
-            format!(
+        // reaches its volume within about 10s, not a minute. The image
+        // collection and eviction thresholds: the machine's disk and memory
+        // are shared with the rest of the tests, and the node's imported
+        // images cannot be pulled again.
+        self.spawn_configured(
+            "kubelet",
+            &peer("kubelet")?,
+            "yaml",
+            &format!(
                 "apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 failCgroupV1: false
@@ -404,12 +419,7 @@ evictionHard: {{memory.available: 1Mi}}
                 socket = self.socket.display(),
                 addr = self.host.addr(),
             ),
-        )?;
-        self.spawn(
-            "kubelet",
-            &peer("kubelet")?,
             &[
-                format!("--config={}", config.display()),
                 format!("--kubeconfig={}", self.kubeconfig.display()),
                 format!("--hostname-override={NODE_NAME}"),
                 format!("--node-ip={}", self.host.addr()),
@@ -456,10 +466,13 @@ evictionHard: {{memory.available: 1Mi}}
                 });
             let failed = exited.or_else(|| {
                 (begun.elapsed() > START_DEADLINE).then(|| {
-                    format!(
-                        "not within {START_DEADLINE:?}; the kubelet's log ends:\n{}",
-                        tail(&self.log("kubelet"))
-                    )
+                    let processes = self
+                        .processes
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    let last = processes.last().map(|(name, p)| (*name, p.tail()));
+                    let (name, tail) = last.unwrap_or_default();
+                    format!("not within {START_DEADLINE:?}; the {name}'s log ends:\n{tail}")
                 })
             });
             if let Some(reason) = failed {
@@ -593,10 +606,4 @@ impl Drop for Node {
             let _ = std::fs::remove_file(&namespace);
         }
     }
-}
-
-/// The last 30 lines of `text`.
-fn tail(text: &str) -> String {
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(30)..].join("\n")
 }
