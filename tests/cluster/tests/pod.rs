@@ -79,51 +79,20 @@ async fn quickstart(kube: &Kube, a: &ControlPlane, b: &ControlPlane) -> String {
         log.contains("manager up: every required cache synced"),
         "the log says what the README says it will:\n{log}"
     );
-    status_through_port_forward(kube).await;
+    status_page(kube, &pod.name);
     pod.name
 }
 
-/// The README's `kubectl -n tether port-forward deploy/tether 9090`, on a
-/// free local port: `/status` answers through it and names both remotes.
-async fn status_through_port_forward(kube: &Kube) {
-    let mut forward = kube
-        .command("kubectl")
-        .args(["-n", NS, "port-forward", "deploy/tether", ":9090"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("kubectl port-forward starts");
-    let stdout = forward.stdout.take().expect("stdout");
-    // "Forwarding from 127.0.0.1:41234 -> 9090", once it listens.
-    let line = tokio::task::spawn_blocking(move || {
-        let mut line = String::new();
-        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).map(|_| line)
-    })
-    .await
-    .expect("the reader's thread")
-    .expect("kubectl port-forward prints where it listens");
-    let addr = line
-        .split_whitespace()
-        .nth(2)
-        .filter(|addr| addr.starts_with("127.0.0.1:"))
-        .unwrap_or_else(|| panic!("a local address in {line:?}"))
-        .to_owned();
-    let begun = tokio::time::Instant::now();
-    let page = loop {
-        match tether_testkit::http_get(&addr, "/status").await {
-            Some((200, page)) if page.contains("cluster-a") && page.contains("cluster-b") => {
-                break page;
-            }
-            answer => assert!(
-                begun.elapsed() < Duration::from_secs(30),
-                "/status through kubectl port-forward on {addr}: {answer:?}"
-            ),
-        }
-        tokio::time::sleep(common::EVERY).await;
-    };
-    let _ = forward.kill();
-    let _ = forward.wait();
-    assert!(page.contains("<html"), "the status page is HTML");
+/// tether's `/status` page, through the apiserver's proxy to the pod's
+/// admin port: it names both remotes.
+fn status_page(kube: &Kube, pod: &str) {
+    let page = kube
+        .admin(NS, pod, "/status")
+        .expect("the status page answers");
+    assert!(
+        page.contains("<html") && page.contains("cluster-a") && page.contains("cluster-b"),
+        "the status page names both remotes:\n{page}"
+    );
 }
 
 /// One remote's apiserver hangs (SIGSTOP): the pod turns NotReady (0/1),
