@@ -3,8 +3,9 @@
 //! kube-proxy, kubelet, containerd and runc, all in processes), with its
 //! image imported, not pulled, and two real remote control planes.
 //!
-//! One node serves every part, in order, since a node takes a minute to
-//! start: the README's quickstart as written, a lost and recovered remote,
+//! One node and its two remotes serve every part, in order (the node starts
+//! in seconds, but its images' imports and the remotes add up): the
+//! README's quickstart as written, a lost and recovered remote,
 //! a rotated Secret, three replicas with leader election, and the exec
 //! manager both ways the chart offers. Each part prints what it measured.
 
