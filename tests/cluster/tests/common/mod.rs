@@ -244,8 +244,9 @@ impl From<&Value> for Pod {
 }
 
 /// Polls `check` every [`EVERY`] until it gives a value, for at most
-/// `deadline`: the value and how long it took. Panics naming `what`, with
-/// `context()` (what the cluster says), at the deadline.
+/// `deadline` (the kit's [`tether_testkit::poll`]): the value and how long
+/// it took. Panics naming `what`, with `context()` (what the cluster says),
+/// at the deadline.
 pub(crate) async fn poll<T>(
     what: &str,
     deadline: Duration,
@@ -253,17 +254,9 @@ pub(crate) async fn poll<T>(
     context: impl Fn() -> String,
 ) -> (T, Duration) {
     let begun = Instant::now();
-    loop {
-        if let Some(value) = check() {
-            return (value, begun.elapsed());
-        }
-        assert!(
-            begun.elapsed() < deadline,
-            "{what}: not within {deadline:?}\n{}",
-            context()
-        );
-        tokio::time::sleep(EVERY).await;
-    }
+    let value = tether_testkit::poll(deadline, EVERY, async || check()).await;
+    let value = value.unwrap_or_else(|| panic!("{what}: not within {deadline:?}\n{}", context()));
+    (value, begun.elapsed())
 }
 
 /// The README's "Quickstart on a cluster" shell block, as written, but for
