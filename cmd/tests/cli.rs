@@ -95,6 +95,7 @@ fn every_config_mistake_exits_2_naming_the_file_and_the_field() {
         ("a wrong type", format!("probe: {{failureThreshold: three}}\n{REMOTE}"), "probe.failureThreshold"),
         ("a wrong type in a nested section", format!("supervisor: {{backoff: {{jitter: lots}}}}\n{REMOTE}"), "supervisor.backoff.jitter"),
         ("a misspelt key", format!("probe:\n  failureTreshold: 3\n{REMOTE}"), "probe.failureTreshold: unknown field; did you mean failureThreshold?"),
+        ("three misspelt keys (the last named too)", "probe: {failureTreshold: 3, intervl: 1s}\nremotes: [{name: a, sever: x}]\n".to_owned(), "remotes[0].sever: unknown field; did you mean server?"),
         ("an overflowing duration", format!("probe: {{interval: 1142673313454786114h}}\n{REMOTE}"), "probe.interval"),
         ("a duration over a day", format!("supervisor: {{shutdownGrace: 25h}}\n{REMOTE}"), "supervisor.shutdownGrace"),
         ("a zero connection age", format!("probe: {{maxConnectionAge: 0s}}\n{REMOTE}"), "probe.maxConnectionAge"),

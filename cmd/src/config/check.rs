@@ -959,36 +959,3 @@ impl Checker<'_> {
         })
     }
 }
-
-/// A parse error at `path` (`probe.jitter`, `remotes[1].name`), as a
-/// [`ConfigError`]: an unknown key gets the closest known one as a
-/// suggestion, anything else serde-saphyr's message and where it is.
-pub(super) fn parse_error(file: &str, path: &str, err: &serde_saphyr::Error) -> ConfigError {
-    let message = match err.without_snippet() {
-        serde_saphyr::Error::SerdeUnknownField {
-            field, expected, ..
-        } => {
-            let closest = expected
-                .iter()
-                .map(|known| (strsim::jaro_winkler(field, known), *known))
-                .max_by(|a, b| a.0.total_cmp(&b.0))
-                .filter(|(score, _)| *score > 0.8);
-            match closest {
-                Some((_, known)) => format!("unknown field; did you mean {known}?"),
-                None => format!("unknown field; known fields: {}", expected.join(", ")),
-            }
-        }
-        other => other
-            .to_string()
-            .lines()
-            .next()
-            .unwrap_or("invalid YAML")
-            .to_owned(),
-    };
-    let field = if path.is_empty() || path == "." {
-        "(document)"
-    } else {
-        path
-    };
-    ConfigError::new(file, field, message)
-}

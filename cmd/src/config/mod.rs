@@ -2,6 +2,7 @@
 //! made from it.
 //!
 //! - `raw.rs`: the file's shape, as serde reads it;
+//! - `parse.rs`: the file read into that shape, every unknown key named;
 //! - `check.rs`: every field checked, and named by its path when wrong
 //!   (`remotes[1].server: invalid URL ...`), every mistake at once;
 //! - `defaults.rs`: what a field is when the file leaves it out;
@@ -14,12 +15,13 @@
 //! - `sources.rs`: the files those settings came from, watched;
 //! - `plan.rs`: what this replica's manager runs.
 //!
-//! Parsing rejects unknown keys and wrong types; the checks then name the
-//! file and the field path of every bad value.
+//! Parsing rejects unknown keys (naming them all) and wrong types; the
+//! checks then name the file and the field path of every bad value.
 
 mod check;
 pub mod defaults;
 pub mod discovery;
+mod parse;
 mod plan;
 mod raw;
 pub mod remote;
@@ -35,11 +37,10 @@ use std::time::Duration;
 use tether_probes::ProbeConfig;
 use tether_supervisor::SupervisorConfig;
 
-use self::check::{Checker, parse_error};
+use self::check::Checker;
 pub use self::check::{DurationError, FileError, parse_duration, readable_file, valid_name};
 pub use self::discovery::{DiscoverySpec, SecretFormat};
 pub use self::plan::Plan;
-use self::raw::RawConfig;
 pub use self::spec::{
     ExecSpec, LeaderElectionSpec, ReadinessSpec, RemoteSource, RemoteSpec, SecretSource,
     ShardingSpec, StopSignal, WatchSpec, WholeSeconds,
@@ -182,20 +183,7 @@ impl Config {
         base: &Path,
         running: Option<&Self>,
     ) -> Result<(Self, Vec<&'static str>), ConfigError> {
-        let raw: RawConfig = if text.trim().is_empty() {
-            RawConfig::default()
-        } else {
-            // serde_path_to_error follows the keys and indices down to the
-            // error, which serde-saphyr's own message does not name.
-            let mut path = String::new();
-            serde_saphyr::with_deserializer_from_str(text, |deserializer| {
-                serde_path_to_error::deserialize(deserializer).map_err(|err| {
-                    path = err.path().to_string();
-                    err.into_inner()
-                })
-            })
-            .map_err(|err| parse_error(file, &path, &err))?
-        };
+        let raw = parse::raw(text, file)?;
         Checker { file, base }.config(raw, running)
     }
 
@@ -367,6 +355,47 @@ mod tests {
             .expect_err("typo");
         assert_eq!(err.field, "remotes[1].sever");
         assert!(err.message.ends_with("did you mean server?"), "{err}");
+    }
+
+    #[test]
+    fn every_unknown_key_is_named_beside_the_first_mistake() {
+        let err = parse(
+            "probe: {interval: [1], failureTreshold: 3}\nremotes: [{name: a, server: \"https://h\"}, {name: b, sever: x, requird: true}]\nadmn: {address: \"127.0.0.1:1\"}\n",
+        )
+        .expect_err("four mistakes");
+        let fields: Vec<&str> = std::iter::once(&err)
+            .chain(&err.more)
+            .map(|e| e.field.as_str())
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                "probe.interval",
+                "admn",
+                "probe.failureTreshold",
+                "remotes[1].requird",
+                "remotes[1].sever"
+            ],
+            "{err}"
+        );
+        assert!(err.message.contains("line 1"), "serde-saphyr's own: {err}");
+        assert!(
+            err.more[0].message.ends_with("did you mean admin?"),
+            "{err}"
+        );
+        assert!(
+            err.more[3].message.ends_with("did you mean server?"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_file_that_is_not_yaml_shows_one_mistake() {
+        let err = parse("probe: {interval: 1s\nzzz: [\n").expect_err("syntax");
+        assert!(err.more.is_empty(), "{err}");
+        let err = parse("watch: [5, {kind: x, apiVersion: v1, zz: 1}]\n").expect_err("type");
+        assert_eq!(err.field, "watch[0]", "{err}");
+        assert!(err.more.is_empty(), "not a key, so not cut: {err}");
     }
 
     #[test]
