@@ -1,5 +1,6 @@
 //! The `/status` page as a person sees it, in each state it can be in (all
-//! up, one remote down, draining, standing by): rendered by headless
+//! up, one remote down, draining, standing by, a cycle that holds its
+//! manager for a lost remote): rendered by headless
 //! Chromium (Debian's `chromium`), its DOM checked for the verdict, the SVG
 //! strips and words that agree with each other, and screenshots, light and
 //! dark, kept as test artifacts in `target/tmp/status-page/`.
@@ -396,6 +397,59 @@ async fn a_followers_status_page_says_it_stands_by_and_claims_no_caches() {
     assert!(!dom.contains(" of 1 synced"), "{dom}");
     words_agree(&dom);
     browser.screenshots(&url, "standby");
+}
+
+/// The exec manager starts only while no remote it needs is lost: the
+/// cycle after a loss holds its manager, and the page says for what rather
+/// than that the process is about to start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cycle_that_holds_its_manager_for_a_lost_remote_says_so() {
+    let alpha = remote("alpha", true).await;
+    let tether = Tether::start(
+        &[("alpha", &alpha)],
+        &[],
+        &Shape {
+            manager: Some("{exec: {command: [sleep, \"3600\"], gracePeriod: 1s}}"),
+            ..Shape::default()
+        },
+    );
+    until_status(&tether, "the manager up", |s| verdict(s).0 == "ready").await;
+    alpha.set_fault(Fault::Refuse).await.expect("refuse");
+    until_status(&tether, "a cycle held for alpha", |s| {
+        s["supervisor"]["heldFor"] == serde_json::json!(["alpha"])
+    })
+    .await;
+    let (_, body) = tether.get("/status.json").await.expect("status");
+    let status: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert!(status["process"]["pid"].is_null(), "{status}");
+    let url = format!("http://{}/status", tether.admin);
+    let browser = Browser::new();
+    let dom = browser.dom(&url);
+    let text = verdict_reads(
+        &dom,
+        "not_ready",
+        "Not ready: cycle 2 holds the manager until alpha is reachable again; alpha unreachable for",
+    );
+    assert!(!text.contains("process to start"), "{text}");
+    assert!(
+        dom.contains("holds the manager until alpha is back"),
+        "the running cycle's row says it holds:\n{dom}"
+    );
+    assert!(
+        dom.contains("not started: held until alpha is back"),
+        "{dom}"
+    );
+    words_agree(&dom);
+    browser.screenshots(&url, "holding");
+
+    // Back: the same cycle starts its manager, and holds nothing.
+    alpha.set_fault(Fault::Up).await.expect("up");
+    until_status(&tether, "the manager up again", |s| {
+        verdict(s).0 == "ready"
+            && s["supervisor"]["cycle"] == 2
+            && s["supervisor"]["heldFor"] == serde_json::json!([])
+    })
+    .await;
 }
 
 /// A folder holding `server`'s kubeconfig, for the Lease.

@@ -103,6 +103,10 @@ pub struct Status {
     /// The remotes whose part of the current cycle is stopped alone (lost,
     /// and waiting to recover), sorted by name.
     pub stopped_remotes: Vec<String>,
+    /// The lost remotes the current cycle waits for before it starts a
+    /// manager that [waits for them](crate::ManagerFactory::waits_for_lost_remotes),
+    /// sorted by name; empty once the manager has started.
+    pub held_for: Vec<String>,
 }
 
 impl Status {
@@ -152,6 +156,7 @@ impl State {
                     heartbeat: Instant::now(),
                     ended: CauseKind::ALL.into_iter().map(|kind| (kind, 0)).collect(),
                     stopped_remotes: Vec::new(),
+                    held_for: Vec::new(),
                 },
                 current: None,
                 restartable: BTreeSet::new(),
@@ -242,6 +247,7 @@ impl State {
         status.phase = Phase::Running;
         status.cycle = number;
         status.cycle_started = Some(at);
+        status.held_for.clear();
         status.manager_up = false;
         status.up_since = None;
         status.backoff = None;
@@ -273,6 +279,12 @@ impl State {
         true
     }
 
+    /// The current cycle holds its manager until `remotes` are back (none:
+    /// it has started it).
+    pub(crate) fn holding(&self, remotes: &[String]) {
+        remotes.clone_into(&mut self.lock().status.held_for);
+    }
+
     pub(crate) fn standby(&self) {
         let status = &mut self.lock().status;
         status.phase = Phase::Standby;
@@ -299,6 +311,7 @@ impl State {
         let status = &mut inner.status;
         status.manager_up = false;
         status.up_since = None;
+        status.held_for.clear();
         if status.recent.len() == RECENT_CYCLES {
             status.recent.pop_front();
         }

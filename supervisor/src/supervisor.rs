@@ -441,6 +441,7 @@ impl<F: ManagerFactory> Looper<F> {
         let mut waiting = self.awaited(cycle, lost);
         if !waiting.is_empty() {
             info!(remotes = %waiting.join(","), "waiting for lost remotes before starting the manager");
+            self.state.holding(&waiting);
         }
         let finished = self
             .beat_while(async {
@@ -462,6 +463,7 @@ impl<F: ManagerFactory> Looper<F> {
                                 self.on_signal(cycle, signal);
                             } else {
                                 waiting = self.awaited(cycle, lost);
+                                self.state.holding(&waiting);
                                 if waiting.is_empty() {
                                     info!(%signal, "no remote is lost: starting the manager");
                                 }

@@ -241,11 +241,16 @@ async fn a_manager_that_waits_for_lost_remotes_runs_only_while_none_is_lost() {
     h.send(lost("b"));
     // Past any backoff, on the paused clock: the cycle is built, and waits.
     tokio::time::sleep(BACKOFF_MAX).await;
-    h.until("the second cycle", |s| s.cycle == 2).await;
+    // What it waits for is in its status, for the status page to say.
+    h.until("the second cycle, held for a and b", |s| {
+        s.cycle == 2 && s.held_for == ["a", "b"]
+    })
+    .await;
     h.send(recovered("a"));
     h.settle().await;
     assert!(h.cycles.try_recv().is_err(), "ran while a remote was lost");
     assert_eq!(first.cause(), Some(&Cause::remote_lost("a")));
+    assert_eq!(h.handle.status().held_for, ["b"]);
 
     // The last one back: the same cycle runs, with no rebuild.
     h.send(recovered("b"));
@@ -254,6 +259,7 @@ async fn a_manager_that_waits_for_lost_remotes_runs_only_while_none_is_lost() {
     h.settle().await;
     assert!(!second.is_cancelled());
     assert_eq!(h.ended(CauseKind::RemoteRecovered), 0.0);
+    assert!(h.handle.status().held_for.is_empty(), "it runs");
 
     // A reload while it waits ends the cycle; no manager ran in it.
     h.send(lost("a"));
@@ -265,6 +271,7 @@ async fn a_manager_that_waits_for_lost_remotes_runs_only_while_none_is_lost() {
     h.until("the fourth cycle", |s| s.cycle == 4).await;
     h.settle().await;
     assert!(h.cycles.try_recv().is_err(), "ran while a remote was lost");
+    assert_eq!(h.handle.status().held_for, ["a"], "a new cycle holds anew");
     // Missed transitions leave what is lost unknown: it runs.
     h.send(RemoteSignal::Missed(3));
     assert_eq!(h.next_cycle().await.number(), 4);

@@ -27,7 +27,7 @@ use tether_supervisor::{CauseKind, Phase};
 
 use super::view::{
     Attention, CycleView, DiscoveryView, ElectionView, ProcessView, RemoteView, ShardView,
-    StatusView,
+    StatusView, listed,
 };
 use crate::human;
 
@@ -476,6 +476,9 @@ fn cycles(view: &StatusView) -> Markup {
                                 td {
                                     @match (&c.ended_by, c.ended_seconds_ago) {
                                         (Some(by), Some(at)) => { (by) " · " (ago(at)) }
+                                        _ if !s.held_for.is_empty() => {
+                                            "holds the manager until " (listed(&s.held_for)) " is back"
+                                        }
                                         _ => { "running" }
                                     }
                                 }
@@ -645,7 +648,11 @@ fn facts(view: &StatusView) -> Markup {
                     (fact("cycle started", ago(age)))
                 }
                 (fact("manager", s.up_for_seconds.map_or_else(
-                    || "not up".to_owned(),
+                    || if s.held_for.is_empty() {
+                        "not up".to_owned()
+                    } else {
+                        format!("not started: held until {} is back", listed(&s.held_for))
+                    },
                     |up| format!("up for {}", human::span(secs(up))),
                 )))
                 @if let Some(backoff) = s.backoff_seconds {

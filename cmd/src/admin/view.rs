@@ -327,6 +327,9 @@ pub struct SupervisorView {
     pub last_cause: Option<String>,
     /// The wait before the next build, while backing off.
     pub backoff_seconds: Option<f64>,
+    /// The lost remotes the running cycle waits for before it starts its
+    /// manager (the exec manager does), sorted; empty once it started.
+    pub held_for: Vec<String>,
     /// Ended cycles by cause.
     pub ended: BTreeMap<&'static str, u64>,
     /// The running cycle, then the last ended ones, newest first.
@@ -479,7 +482,7 @@ impl RemoteView {
 const NAMES_IN_A_VERDICT: usize = 3;
 
 /// `a, b and c`, or `a, b, c and 7 more`.
-fn listed(items: &[String]) -> String {
+pub(super) fn listed(items: &[String]) -> String {
     let shown = &items[..items.len().min(NAMES_IN_A_VERDICT)];
     let more = items.len() - shown.len();
     match (shown, more) {
@@ -701,6 +704,7 @@ fn supervisor_view(status: &Status) -> SupervisorView {
         up_for_seconds: status.up_since.map(seconds_ago),
         last_cause: status.last_cause().map(ToString::to_string),
         backoff_seconds: status.backoff.map(|b| b.as_secs_f64()),
+        held_for: status.held_for.clone(),
         ended: status
             .ended
             .iter()
@@ -869,6 +873,15 @@ fn not_ready(
                 });
             format!("cycle {cycle} ended{ended}{next}{lost}")
         }
+        Phase::Running if !status.held_for.is_empty() => format!(
+            "cycle {cycle} holds the manager until {} {} reachable again{lost}",
+            listed(&status.held_for),
+            if status.held_for.len() == 1 {
+                "is"
+            } else {
+                "are"
+            }
+        ),
         Phase::Running => format!(
             "cycle {cycle} waits for {}{lost}",
             waits_for(remotes, process)
