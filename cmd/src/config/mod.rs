@@ -305,18 +305,22 @@ mod tests {
 
     const REMOTE: &str = "remotes: [{name: a, server: \"https://h:6443\"}]\n";
 
+    /// The field of each mistake `err` reports, in order.
+    fn fields(err: &ConfigError) -> Vec<&str> {
+        std::iter::once(err)
+            .chain(&err.more)
+            .map(|e| e.field.as_str())
+            .collect()
+    }
+
     #[test]
     fn every_mistake_in_a_file_is_shown_each_on_its_line() {
         let err = parse(
             "probe: {interval: 0s}\nremotes: [{name: A, server: \"https://h:6443\"}, {name: b}]\nwatch: [{apiVersion: v1, kind: Configmap}, {apiVersion: v1}]\n",
         )
         .expect_err("five mistakes");
-        let fields: Vec<&str> = std::iter::once(&err)
-            .chain(&err.more)
-            .map(|e| e.field.as_str())
-            .collect();
         assert_eq!(
-            fields,
+            fields(&err),
             [
                 "probe.interval",
                 "remotes[0].name",
@@ -363,12 +367,8 @@ mod tests {
             "probe: {interval: [1], failureTreshold: 3}\nremotes: [{name: a, server: \"https://h\"}, {name: b, sever: x, requird: true}]\nadmn: {address: \"127.0.0.1:1\"}\n",
         )
         .expect_err("four mistakes");
-        let fields: Vec<&str> = std::iter::once(&err)
-            .chain(&err.more)
-            .map(|e| e.field.as_str())
-            .collect();
         assert_eq!(
-            fields,
+            fields(&err),
             [
                 "probe.interval",
                 "admn",
