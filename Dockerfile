@@ -27,6 +27,8 @@ LABEL org.opencontainers.image.title="tether" \
       org.opencontainers.image.licenses="Apache-2.0"
 COPY --from=builder /tether /tether
 USER 65532:65532
-# The chart passes its own args; these match them, minus the log format.
+# The chart passes its own args; these match them, minus the log format: the
+# config is a file in a mounted folder, since a file mounted alone (subPath)
+# never sees an update.
 ENTRYPOINT ["/tether"]
-CMD ["run", "--config", "/etc/tether/config.yaml"]
+CMD ["run", "--config", "/etc/tether/config/config.yaml"]

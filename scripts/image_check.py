@@ -45,7 +45,7 @@ def check_config(tag, version):
     want = {
         "User": "65532:65532",
         "Entrypoint": ["/tether"],
-        "Cmd": ["run", "--config", "/etc/tether/config.yaml"],
+        "Cmd": ["run", "--config", "/etc/tether/config/config.yaml"],
     }
     for key, value in want.items():
         if config.get(key) != value:
