@@ -344,47 +344,6 @@ async fn three_real_remotes_sync_and_a_lost_optional_one_restarts_alone() {
     }
 }
 
-/// The Events on the Pod, as `kubectl get events --field-selector
-/// involvedObject.name=POD` lists them: `(reason, type, message)`.
-fn pod_events(home: &std::path::Path, pod: &str) -> Vec<(String, String, String)> {
-    let selector = format!("--field-selector=involvedObject.name={pod}");
-    let out = kubectl(
-        home,
-        &["get", "events", "-n", "default", "-o", "json", &selector],
-        "",
-    );
-    let list: serde_json::Value = serde_json::from_str(&out).expect("JSON");
-    list["items"]
-        .as_array()
-        .expect("items")
-        .iter()
-        .map(|e| {
-            let text = |key: &str| e[key].as_str().unwrap_or_default().to_owned();
-            (text("reason"), text("type"), text("message"))
-        })
-        .collect()
-}
-
-/// Waits until the Pod's Events include every reason of `want`.
-async fn until_events(
-    home: &std::path::Path,
-    pod: &str,
-    want: &[&str],
-) -> Vec<(String, String, String)> {
-    let every = Duration::from_millis(200);
-    common::poll(common::DEADLINE, every, async || {
-        Some(pod_events(home, pod))
-            .filter(|events| want.iter().all(|w| events.iter().any(|(r, _, _)| r == w)))
-    })
-    .await
-    .unwrap_or_else(|| {
-        panic!(
-            "the Pod's Events never included {want:?}: {:#?}",
-            pod_events(home, pod)
-        )
-    })
-}
-
 /// tether in a Pod (the downward API's `POD_NAME` and `POD_NAMESPACE`)
 /// records Events on it in the home cluster, where the operator looks
 /// first: its leadership, each cycle's end with its cause, and at a clean
@@ -426,7 +385,7 @@ async fn events_on_tethers_pod_show_its_leadership_and_each_cycles_end() {
         .await;
     b.restart().await.expect("restart");
     tether.until_ready(true).await;
-    let events = until_events(
+    let events = common::until_events(
         &home,
         pod,
         &["LeadershipAcquired", "RemoteLost", "RemoteRecovered"],
@@ -459,37 +418,12 @@ async fn events_on_tethers_pod_show_its_leadership_and_each_cycles_end() {
 
     tether.signal("TERM");
     assert!(tether.wait().await.success(), "{}", tether.logs());
-    until_events(&home, pod, &["Shutdown", "LeadershipReleased"]).await;
+    common::until_events(&home, pod, &["Shutdown", "LeadershipReleased"]).await;
     assert!(
         !tether.logs().contains("cannot record an Event"),
         "{}",
         tether.logs()
     );
-}
-
-/// `kubectl --kubeconfig KUBECONFIG ARGS` with `stdin`; its output, or a
-/// panic with its error.
-fn kubectl(kubeconfig: &std::path::Path, args: &[&str], stdin: &str) -> String {
-    use std::io::Write as _;
-    let mut child = std::process::Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(args)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("kubectl runs (it is on the machines; see docs/testkit.md)");
-    let mut input = child.stdin.take().expect("piped");
-    input.write_all(stdin.as_bytes()).expect("stdin");
-    drop(input);
-    let out = child.wait_with_output().expect("kubectl ends");
-    assert!(
-        out.status.success(),
-        "kubectl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// The RBAC manifest of docs/deploy.md, as the page gives it.
@@ -514,16 +448,16 @@ async fn the_deploy_guides_remote_rbac_and_token_kubeconfig_work_on_a_real_clust
     let dir = tempfile::tempdir().expect("dir");
     let admin = dir.path().join("admin.kubeconfig");
     remote.kubeconfig().write(&admin).expect("kubeconfig");
-    kubectl(&admin, &["create", "namespace", "tether-remote"], "");
-    kubectl(
+    common::kubectl(&admin, &["create", "namespace", "tether-remote"], "");
+    common::kubectl(
         &admin,
         &["-n", "tether-remote", "create", "serviceaccount", "tether"],
         "",
     );
-    kubectl(&admin, &["apply", "-f", "-"], &guide_manifest());
+    common::kubectl(&admin, &["apply", "-f", "-"], &guide_manifest());
     // No token controller runs here to fill the guide's Secret: its other
     // way, a token with an expiry.
-    let token = kubectl(
+    let token = common::kubectl(
         &admin,
         &[
             "-n",
@@ -562,7 +496,7 @@ async fn the_deploy_guides_remote_rbac_and_token_kubeconfig_work_on_a_real_clust
         ],
         &["use-context", "cluster-a"],
     ] {
-        kubectl(&made, &[&["config"][..], args].concat(), "");
+        common::kubectl(&made, &[&["config"][..], args].concat(), "");
     }
 
     let user = "system:serviceaccount:tether-remote:tether";

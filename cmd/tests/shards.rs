@@ -9,6 +9,7 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::{DEADLINE, Shape, Tether};
@@ -49,7 +50,9 @@ struct Replica {
     _dir: tempfile::TempDir,
 }
 
-fn replica(id: &str, leases: &impl Cluster, remotes: &[Remote]) -> Replica {
+/// A replica named `id`; `in_pod` gives it the downward API's variables, so
+/// it records Events on a Pod of that name where its Leases are.
+fn replica(id: &str, leases: &impl Cluster, remotes: &[Remote], in_pod: bool) -> Replica {
     let dir = tempfile::tempdir().expect("temp dir");
     let lease_kubeconfig = dir.path().join("leases.kubeconfig");
     leases
@@ -81,12 +84,19 @@ fn replica(id: &str, leases: &impl Cluster, remotes: &[Remote]) -> Replica {
         .iter()
         .map(|r| (r.name.as_str(), &r.server))
         .collect();
+    // The Events are found by the Pod's name; its UID only has to be one.
+    let pod = [
+        ("POD_NAME", id),
+        ("POD_NAMESPACE", "default"),
+        ("POD_UID", "6f1c2d3e-0000-4000-8000-000000000001"),
+    ];
     let tether = Tether::start(
         &servers,
         &["--log-format", "json"],
         &Shape {
             kubeconfigs: &kubeconfigs,
             extra: &extra,
+            env: if in_pod { &pod } else { &[] },
             ..Shape::default()
         },
     );
@@ -236,13 +246,16 @@ async fn replicas_share_the_remotes_and_a_loss_or_a_join_moves_only_what_it_must
     )
     .await
     .expect("the Leases' apiserver");
-    share_the_remotes(&leases).await;
+    share_the_remotes(&leases, None).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_real_leases_replicas_share_the_remotes_and_a_loss_or_a_join_moves_only_what_it_must() {
     let leases = common::real_plane(RealOptions::default().name("leases")).await;
-    share_the_remotes(&leases).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let home = dir.path().join("leases.kubeconfig");
+    leases.kubeconfig().write(&home).expect("kubeconfig");
+    share_the_remotes(&leases, Some(&home)).await;
     // The real apiserver holds the shard Leases tether wrote: the two
     // members still running, with their holders.
     let client = kube::Client::try_from(common::config_of(&leases).await).expect("client");
@@ -264,11 +277,15 @@ async fn on_real_leases_replicas_share_the_remotes_and_a_loss_or_a_join_moves_on
     }
 }
 
-async fn share_the_remotes(leases: &impl Cluster) {
+/// Three replicas share the remotes, one is killed, one joins, one stops.
+/// With `events` (a kubeconfig of the Leases' cluster), the replicas run
+/// "in Pods" and each change of a share is an Event on its Pod there.
+async fn share_the_remotes(leases: &impl Cluster, events: Option<&Path>) {
     let remotes = remotes().await;
-    let a = replica("tether-a", leases, &remotes);
-    let b = replica("tether-b", leases, &remotes);
-    let mut c = replica("tether-c", leases, &remotes);
+    let in_pod = events.is_some();
+    let a = replica("tether-a", leases, &remotes, in_pod);
+    let b = replica("tether-b", leases, &remotes, in_pod);
+    let mut c = replica("tether-c", leases, &remotes, in_pod);
 
     let (owners, took) = until_settled(&[&a, &b, &c], &remotes).await;
     eprintln!("three replicas settled in {took:?}");
@@ -315,7 +332,7 @@ async fn share_the_remotes(leases: &impl Cluster) {
     probed_by_owners_alone(&after, &remotes).await;
 
     // A replica joins: about a third moves to it, and only to it.
-    let d = replica("tether-d", leases, &remotes);
+    let d = replica("tether-d", leases, &remotes, in_pod);
     let (joined, took) = until_settled(&[&a, &b, &d], &remotes).await;
     let moved: Vec<&String> = after
         .iter()
@@ -333,6 +350,17 @@ async fn share_the_remotes(leases: &impl Cluster) {
         );
     }
     assert!(!moved.is_empty(), "nothing moved to the new member");
+    if let Some(home) = events {
+        // The newcomer held nothing: each change of its share only took.
+        let changes = common::until_events(home, "tether-d", &["ShardChanged"]).await;
+        for (reason, kind, message) in changes.iter().filter(|(r, _, _)| r == "ShardChanged") {
+            assert_eq!(kind, "Normal", "{reason}: {message}");
+            assert!(
+                message.starts_with("this replica now holds ") && message.ends_with(", gave up 0"),
+                "{message}"
+            );
+        }
+    }
     probed_by_owners_alone(&joined, &remotes).await;
     // Never two at once: the old owner's last probe of a moved remote came
     // before the new member's first.

@@ -613,3 +613,69 @@ pub(crate) fn spawn_supervisor<F: tether_supervisor::ManagerFactory + 'static>(
     let run = tokio::spawn(supervisor.run(root.clone()));
     (status, root, run)
 }
+
+/// `kubectl --kubeconfig KUBECONFIG ARGS` with `stdin`; its output, or a
+/// panic with its error.
+pub(crate) fn kubectl(kubeconfig: &std::path::Path, args: &[&str], stdin: &str) -> String {
+    use std::io::Write as _;
+    let mut child = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("kubectl runs (it is on the machines; see docs/testkit.md)");
+    let mut input = child.stdin.take().expect("piped");
+    input.write_all(stdin.as_bytes()).expect("stdin");
+    drop(input);
+    let out = child.wait_with_output().expect("kubectl ends");
+    assert!(
+        out.status.success(),
+        "kubectl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The Events on the Pod, as `kubectl get events --field-selector
+/// involvedObject.name=POD` lists them: `(reason, type, message)`.
+pub(crate) fn pod_events(home: &std::path::Path, pod: &str) -> Vec<(String, String, String)> {
+    let selector = format!("--field-selector=involvedObject.name={pod}");
+    let out = kubectl(
+        home,
+        &["get", "events", "-n", "default", "-o", "json", &selector],
+        "",
+    );
+    let list: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    list["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .map(|e| {
+            let text = |key: &str| e[key].as_str().unwrap_or_default().to_owned();
+            (text("reason"), text("type"), text("message"))
+        })
+        .collect()
+}
+
+/// Waits until the Pod's Events include every reason of `want`.
+pub(crate) async fn until_events(
+    home: &std::path::Path,
+    pod: &str,
+    want: &[&str],
+) -> Vec<(String, String, String)> {
+    let every = Duration::from_millis(200);
+    poll(DEADLINE, every, async || {
+        Some(pod_events(home, pod))
+            .filter(|events| want.iter().all(|w| events.iter().any(|(r, _, _)| r == w)))
+    })
+    .await
+    .unwrap_or_else(|| {
+        panic!(
+            "the Pod's Events never included {want:?}: {:#?}",
+            pod_events(home, pod)
+        )
+    })
+}
