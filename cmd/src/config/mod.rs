@@ -3,8 +3,9 @@
 //!
 //! - `raw.rs`: the file's shape, as serde reads it;
 //! - `parse.rs`: the file read into that shape, every unknown key named;
-//! - `check.rs`: every field checked, and named by its path when wrong
-//!   (`remotes[1].server: invalid URL ...`), every mistake at once;
+//! - `check/`: every field checked, and named by its path when wrong
+//!   (`remotes[1].server: invalid URL ...`), every mistake at once, in a
+//!   room per section (remotes, the manager, the Leases);
 //! - `defaults.rs`: what a field is when the file leaves it out;
 //! - `spec.rs`: the checked values, with their domain rules (the kinds the
 //!   watch manager knows, the stop signals, the fence's margin);
