@@ -272,6 +272,7 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fmt::Write as _;
 
     #[test]
     fn durations_parse_with_units() {
@@ -388,6 +389,28 @@ mod tests {
             err.more[3].message.ends_with("did you mean server?"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn past_the_most_unknown_keys_looked_for_it_says_more_may_follow() {
+        let mut file = "remotes:\n".to_owned();
+        for i in 0..40 {
+            let _ = writeln!(file, "  - {{name: r{i}, sever: x}}");
+        }
+        let err = parse(&file).expect_err("40 typos");
+        assert_eq!(err.more.len(), 33, "{err}");
+        let last = err.more.last().expect("a last line");
+        assert_eq!(
+            (last.field.as_str(), last.message.as_str()),
+            (
+                "(document)",
+                "more mistakes may follow; these are the first 33"
+            ),
+            "{err}"
+        );
+        let err = parse("remotes:\n  - {name: a, sever: x}\n  - {name: b, sever: x}\n")
+            .expect_err("two typos");
+        assert_eq!(fields(&err), ["remotes[0].sever", "remotes[1].sever"]);
     }
 
     #[test]

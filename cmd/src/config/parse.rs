@@ -18,7 +18,7 @@ use super::ConfigError;
 use super::raw::RawConfig;
 
 /// Unknown keys looked for after the first mistake; each look parses the
-/// whole tree again.
+/// whole tree again. Past these, a last line says more may follow.
 const MAX_MORE: usize = 32;
 
 /// `text` in its raw shape, or every unknown key in it beside its first
@@ -55,17 +55,25 @@ fn unknown_keys(text: &str, file: &str, first: &KeyPath) -> Vec<ConfigError> {
     let mut cut_at = first.clone();
     for _ in 0..MAX_MORE {
         if !cut(&mut tree, &cut_at) {
-            break;
+            return found;
         }
         let parsed: Result<RawConfig, _> =
             serde_path_to_error::deserialize(ValueDeserializer::<TreeError>::new(tree.clone()));
-        let Err(err) = parsed else { break };
+        let Err(err) = parsed else { return found };
         if let TreeError::UnknownField { field, expected } = err.inner() {
             let message = unknown_field(field, expected);
             found.push(ConfigError::new(file, err.path().to_string(), message));
         }
         cut_at = err.path().clone();
     }
+    found.push(ConfigError::new(
+        file,
+        "(document)",
+        format!(
+            "more mistakes may follow; these are the first {}",
+            found.len() + 1
+        ),
+    ));
     found
 }
 
