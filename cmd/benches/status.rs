@@ -18,6 +18,7 @@ use tether::admin::{Admin, Heartbeats, Sources};
 use tether::config::Plan;
 use tether::config::WatchSpec;
 use tether::config::remote::{self, ResolvedRemote};
+use tether::daemon::Parts;
 use tether::managers::watch::WatchManager;
 use tether_probes::{ProbeConfig, ProbeSet};
 use tether_supervisor::{Supervisor, SupervisorConfig};
@@ -68,13 +69,15 @@ async fn main() {
     let admin = Admin::new(
         registry,
         Sources {
-            supervisor: supervisor.handle(),
+            parts: Arc::new(Parts {
+                supervisor: supervisor.handle(),
+                draining: Arc::new(AtomicBool::new(false)),
+                election: None,
+                shard: None,
+                discovery: None,
+            }),
             probes: probes.handle(),
             manager: Arc::new(tether::managers::Handle::Watch(manager_handle)),
-            election: None,
-            shard: None,
-            discovery: None,
-            draining: Arc::new(AtomicBool::new(false)),
         },
         Heartbeats {
             probes: probe.interval,

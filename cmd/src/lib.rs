@@ -10,13 +10,15 @@
 //! - `discovery/`: remotes from the home cluster's Secrets, beside the
 //!   static ones;
 //! - `lease/`: leader election and sharding, on one shared claim type;
-//! - `admin/`: the admin server, with readiness decided once and one status
-//!   view rendered as JSON and HTML; it reads the manager only through
+//! - `admin/`: the admin server, with one status view rendered as JSON and
+//!   HTML. It holds no handle to the supervisor, the Leases or discovery:
+//!   for each request the daemon hands it an [`admin::Snapshot`], readiness
+//!   decided once in it; it reads the manager only through
 //!   [`admin::ManagerStatus`];
 //! - `cli/`: the subcommands (`run`, `validate`, `check`, `demo`,
 //!   `install`);
-//! - `daemon.rs`: the wiring of config, probes, supervisor, manager, lease
-//!   and admin, and the reloads;
+//! - `daemon/`: the wiring of config, probes, supervisor, manager, lease
+//!   and admin, the snapshot the admin server is handed, and the reloads;
 //! - `events.rs`: Kubernetes Events on tether's own Pod;
 //! - `human.rs`, `stdout.rs`, `limits.rs`: words and numbers for people,
 //!   stdout that never panics, and the descriptor limit.

@@ -1,13 +1,18 @@
 //! The admin server: `/metrics`, `/healthz`, `/readyz`, `/status` and
 //! `/status.json`.
 //!
+//! - `readiness.rs`: whether this replica is ready, decided once from a
+//!   [`Snapshot`];
 //! - `view.rs`: the one status view model, the verdict included;
 //! - `page.rs`: that view as the `/status` page;
 //! - `server.rs`: the socket, its limits and its reserved descriptor.
 //!
-//! Every handler reads state that is already computed: none waits on a
-//! probe, a remote or the manager, so a hung remote can never make health
-//! endpoints slow.
+//! The admin server holds no handle to the supervisor, the Leases or
+//! discovery: for each request the daemon assembles a [`Snapshot`] of them,
+//! readiness included, as linkerd's admin is handed a latch. It reads the
+//! probes and the manager through their own narrow views. Every handler
+//! reads state that is already computed: none waits on a probe, a remote or
+//! the manager, so a hung remote can never make health endpoints slow.
 
 mod page;
 mod readiness;
@@ -17,7 +22,6 @@ mod view;
 use std::collections::{BTreeMap, BTreeSet};
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -27,18 +31,16 @@ use http_body_util::{BodyExt as _, Full, StreamBody};
 use hyper::body::Frame;
 use prometheus::{Encoder as _, IntGauge, Opts, Registry, TextEncoder};
 use tether_probes::ProbeSetHandle;
-use tether_supervisor::SupervisorHandle;
+use tether_supervisor::Status;
 
 pub use self::page::{ATTENTION_SHOWN, HEALTHY_SHOWN, Query, REFRESH};
 pub use self::readiness::Readiness;
 pub use self::server::{HEAD_TIMEOUT, Listener, MAX_CONNECTIONS, bind, serve};
 pub use self::view::{
-    Attention, CacheView, Counts, CycleView, ElectionView, ProcessView, RemoteView, Role,
-    ShardView, StatusView, SupervisorView, Verdict, VerdictState, ago,
+    Attention, CacheView, Counts, CycleView, DiscoveryView, ElectionView, ProcessView, RemoteView,
+    Role, ShardView, SkippedView, SourceView, StatusView, SupervisorView, Verdict, VerdictState,
+    ago,
 };
-
-use crate::lease::election::ElectionHandle;
-use crate::lease::shard::ShardHandle;
 
 /// What the admin server shows of the manager, whichever it is: the
 /// daemon hands it the manager's handle behind this.
@@ -51,23 +53,73 @@ pub trait ManagerStatus: std::fmt::Debug + Send + Sync {
     fn process(&self) -> Option<ProcessView>;
 }
 
-/// The state the admin server reads: it never reaches into a manager.
+/// One look at the process's parts, as the daemon assembles it for a
+/// request, with the readiness they make.
+#[derive(Debug)]
+pub struct Snapshot {
+    /// The supervisor's state, `manager_up` included.
+    pub supervisor: Status,
+    /// Whether tether is shutting down.
+    pub draining: bool,
+    /// The leader election, when on.
+    pub election: Option<ElectionView>,
+    /// This replica's share of the remotes, when sharding is on.
+    pub shard: Option<ShardView>,
+    /// Discovery from the home cluster's Secrets, when on.
+    pub discovery: Option<DiscoveryView>,
+    readiness: Readiness,
+}
+
+impl Snapshot {
+    /// The snapshot of these parts; readiness is decided here, once.
+    #[must_use]
+    pub fn new(
+        supervisor: Status,
+        draining: bool,
+        election: Option<ElectionView>,
+        shard: Option<ShardView>,
+        discovery: Option<DiscoveryView>,
+    ) -> Self {
+        let readiness = Readiness::of(
+            draining,
+            election.as_ref(),
+            shard.as_ref(),
+            supervisor.manager_up,
+        );
+        Self {
+            supervisor,
+            draining,
+            election,
+            shard,
+            discovery,
+            readiness,
+        }
+    }
+
+    /// Whether this replica is ready, and which way.
+    #[must_use]
+    pub const fn readiness(&self) -> Readiness {
+        self.readiness
+    }
+}
+
+/// Where the admin server gets a [`Snapshot`]: the daemon, which holds the
+/// handles.
+pub trait Snapshots: std::fmt::Debug + Send + Sync {
+    /// The parts as they are now.
+    fn snapshot(&self) -> Snapshot;
+}
+
+/// The state the admin server reads: it never reaches into a manager, the
+/// supervisor or the Leases.
 #[derive(Debug, Clone)]
 pub struct Sources {
-    /// The supervisor's state, `manager_up` included.
-    pub supervisor: SupervisorHandle,
-    /// The probes' state.
+    /// The rest of the process, assembled by the daemon for each request.
+    pub parts: Arc<dyn Snapshots>,
+    /// The probes' state, one row a remote.
     pub probes: ProbeSetHandle,
     /// The manager, as the status page shows it.
     pub manager: Arc<dyn ManagerStatus>,
-    /// The leader election, when on.
-    pub election: Option<ElectionHandle>,
-    /// The sharding of remotes among replicas, when on.
-    pub shard: Option<ShardHandle>,
-    /// Discovery from the home cluster's Secrets, when on.
-    pub discovery: Option<Arc<crate::discovery::Discovery>>,
-    /// Set once at shutdown; never cleared.
-    pub draining: Arc<AtomicBool>,
 }
 
 /// How often each loop beats: `/healthz` fails when one is three behind.
@@ -127,7 +179,7 @@ impl Admin {
     #[must_use]
     pub fn healthz(&self) -> (u16, String) {
         let mut failures = Vec::new();
-        let supervisor = self.sources.supervisor.status().heartbeat.elapsed();
+        let supervisor = self.sources.parts.snapshot().supervisor.heartbeat.elapsed();
         if supervisor > self.heartbeats.supervisor * WEDGED_AFTER {
             failures.push(format!(
                 "[-]supervisor: last heartbeat {supervisor:.1?} ago"
@@ -151,24 +203,21 @@ impl Admin {
     /// body. Also sets `tether_ready`.
     #[must_use]
     pub fn readyz(&self) -> (u16, String) {
-        let election = self.sources.election.as_ref().map(view::election_view);
-        let shard = self.sources.shard.as_ref().map(view::shard_view);
-        let status = self.sources.supervisor.status();
-        let readiness = Readiness::of(
-            self.sources.draining.load(Ordering::SeqCst),
-            election.as_ref(),
-            shard.as_ref(),
-            status.manager_up,
-        );
+        let parts = self.sources.parts.snapshot();
+        let readiness = parts.readiness();
         self.ready.set(i64::from(readiness.is_ready()));
-        readiness.readyz(election.as_ref(), shard.as_ref(), status.cycle)
+        readiness.readyz(
+            parts.election.as_ref(),
+            parts.shard.as_ref(),
+            parts.supervisor.cycle,
+        )
     }
 
     /// The state of the process, as `/status.json` and `/status` show it:
     /// one view, built once per request, in time linear in the remotes.
     #[must_use]
     pub fn status(&self) -> StatusView {
-        view::build(&self.sources)
+        view::build(&self.sources, self.sources.parts.snapshot())
     }
 
     /// `/status` as a page a person reads after `kubectl port-forward`.

@@ -1,23 +1,20 @@
-//! The one status view model: built from the supervisor's, the probes',
-//! the manager's and the election's snapshots, once per request, and
-//! rendered as `/status.json` (serde) and `/status` (`page.rs`).
+//! The one status view model: built from the daemon's [`Snapshot`], the
+//! probes' rows and the manager's caches, once per request, and rendered as
+//! `/status.json` (serde) and `/status` (`page.rs`).
 //!
 //! What needs judgement is decided here, once: the verdict in words, and
 //! how much attention each remote needs. The renderers only lay it out.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 use tether_probes::{FailureCause, Reachability};
 use tether_supervisor::{CauseKind, Phase, Status};
 
-use super::{Readiness, Sources};
+use super::{Readiness, Snapshot, Sources};
 use crate::human;
-use crate::lease::election::ElectionHandle;
-use crate::lease::shard::ShardHandle;
 
 /// The process as `/status.json` and `/status` show it.
 #[derive(Debug, Serialize)]
@@ -497,12 +494,20 @@ pub(super) fn listed(items: &[String]) -> String {
     }
 }
 
-/// Builds the view from the sources' snapshots, in time linear in the
-/// remotes.
-pub(super) fn build(sources: &Sources) -> StatusView {
+/// Builds the view from the daemon's snapshot and the probes' and the
+/// manager's, in time linear in the remotes.
+pub(super) fn build(sources: &Sources, parts: Snapshot) -> StatusView {
     let caches = sources.manager.caches();
     let required = sources.manager.required();
-    let status = sources.supervisor.status();
+    let readiness = parts.readiness();
+    let Snapshot {
+        supervisor: status,
+        draining,
+        election,
+        shard,
+        discovery,
+        ..
+    } = parts;
     let mut counts = Counts::default();
     let remotes: Vec<RemoteView> = sources
         .probes
@@ -520,11 +525,7 @@ pub(super) fn build(sources: &Sources) -> StatusView {
             view
         })
         .collect();
-    let election = sources.election.as_ref().map(election_view);
     let process = sources.manager.process();
-    let shard = sources.shard.as_ref().map(shard_view);
-    let discovery = sources.discovery.as_deref().map(discovery_view);
-    let draining = sources.draining.load(Ordering::SeqCst);
     let supervisor = supervisor_view(&status);
     let mut view = StatusView {
         version: env!("CARGO_PKG_VERSION"),
@@ -546,78 +547,8 @@ pub(super) fn build(sources: &Sources) -> StatusView {
         shard,
         discovery,
     };
-    let readiness = Readiness::of(
-        view.draining,
-        view.election.as_ref(),
-        view.shard.as_ref(),
-        status.manager_up,
-    );
     view.verdict = verdict(&view, &status, readiness);
     view
-}
-
-/// The election as the view shows it.
-pub(super) fn election_view(election: &ElectionHandle) -> ElectionView {
-    let state = election.state();
-    ElectionView {
-        role: if state.leading {
-            Role::Leader
-        } else {
-            Role::Standby
-        },
-        identity: state.identity,
-        holder: state.holder,
-        lease: state.lease,
-        twin: state.twin,
-        leads_in_seconds: state.leads_in.map(|d| d.as_secs_f64()),
-        last_error: state.last_error,
-    }
-}
-
-/// Discovery as the view shows it.
-pub(super) fn discovery_view(discovery: &crate::discovery::Discovery) -> DiscoveryView {
-    DiscoveryView {
-        home: crate::config::discovery::HOME,
-        sources: discovery
-            .status()
-            .into_iter()
-            .map(|s| SourceView {
-                source: s.source,
-                selector: s.selector,
-                required: s.required,
-                listed: s.listed,
-                listed_seconds_ago: ago(s.listed_at),
-                remotes: s.remotes,
-                skipped: s
-                    .skipped
-                    .into_iter()
-                    .map(|k| SkippedView {
-                        secret: k.secret,
-                        field: k.skipped.field,
-                        message: k.skipped.message,
-                    })
-                    .collect(),
-                failing_seconds: ago(s.failing.as_ref().map(|(_, since)| *since)),
-                failing: s.failing.map(|(error, _)| error),
-            })
-            .collect(),
-    }
-}
-
-/// This replica's share as the view shows it.
-pub(super) fn shard_view(shard: &ShardHandle) -> ShardView {
-    let state = shard.state();
-    ShardView {
-        identity: state.identity,
-        group: state.group,
-        members: state.members,
-        owned: state.owned.into_iter().collect(),
-        waiting: state.waiting.into_iter().collect(),
-        configured: shard.configured(),
-        joining_seconds: state.joining.map(|d| d.as_secs_f64()),
-        twin: state.twin,
-        last_error: state.last_error,
-    }
 }
 
 // serde's `serialize_with` hands a reference.

@@ -5,8 +5,11 @@
 //! - `wiring.rs`: the pieces `start` wires (registry, probes, election,
 //!   sharding, Events) and the checks it makes first;
 //! - `reload.rs`: a new config, rotated files, and a new share of remotes,
-//!   applied to the running daemon.
+//!   applied to the running daemon;
+//! - `parts.rs`: the snapshot of the supervisor, the Leases and discovery
+//!   that the admin server is handed for each request.
 
+mod parts;
 mod reload;
 mod wiring;
 
@@ -22,18 +25,19 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 
-use crate::admin::{self, Admin, Heartbeats, Sources};
+use crate::admin::{self, Admin};
 use crate::config::remote::{self, ResolvedRemote};
 use crate::config::{Config, ConfigError, Plan};
 use crate::discovery::{self, Discovery};
 use crate::lease::election::{Election, ElectionHandle};
 use crate::managers;
 
+pub use self::parts::Parts;
 use self::reload::{CONFIG_POLL, sweep_every};
 pub use self::wiring::preflight;
 use self::wiring::{
-    EventsRunning, Recheck, Sharded, exec_command, gated, listen, new_probes, new_registry,
-    new_sharding, rechecks, run_election, setup, start_election, start_events,
+    EventsRunning, Recheck, Sharded, exec_command, gated, listen, new_admin, new_probes,
+    new_registry, new_sharding, rechecks, run_election, setup, start_election, start_events,
 };
 
 /// Why the daemon could not start. Nothing is left running.
@@ -146,21 +150,14 @@ impl Daemon {
         );
         let supervisor_handle = supervisor.handle();
         let draining = Arc::new(AtomicBool::new(false));
-        let sources = Sources {
+        let parts = Parts {
             supervisor: supervisor_handle.clone(),
-            probes: probes.clone(),
-            manager: Arc::new(manager_handle.clone()),
+            draining: Arc::clone(&draining),
             election: election_handle.clone(),
             shard: shard.clone(),
             discovery: discovery.clone(),
-            draining: Arc::clone(&draining),
         };
-        let heartbeats = Heartbeats {
-            probes: config.probe.interval,
-            supervisor: config.supervisor.heartbeat,
-        };
-        let admin =
-            Admin::new(registry.clone(), sources, heartbeats).map_err(setup("admin metrics"))?;
+        let admin = new_admin(&config, &registry, parts, &probes, &manager_handle)?;
 
         let root = CancellationToken::new();
         let admin_stop = CancellationToken::new();

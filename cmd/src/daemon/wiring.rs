@@ -5,14 +5,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus::{IntCounterVec, Opts, Registry};
-use tether_probes::ProbeSet;
+use tether_probes::{ProbeSet, ProbeSetHandle};
 use tether_supervisor::{BoxError, Supervisor, SupervisorHandle};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use super::StartError;
-use crate::admin;
+use super::{Parts, StartError};
+use crate::admin::{self, Admin, Heartbeats, Sources};
 use crate::config::remote::ResolvedRemote;
 use crate::config::{Config, ConfigError};
 use crate::events::{Events, Publisher};
@@ -261,7 +261,7 @@ pub(super) fn exec_command(config: &Config) -> Result<(), StartError> {
 /// Checks what `run` needs beyond the config file itself, without starting
 /// anything: the client of the leader election's (or sharding's) Lease, the
 /// home cluster's config for discovery, and the exec manager's command. `validate` and `check` run it; so does
-/// [`Daemon::start`], first.
+/// [`Daemon::start`](super::Daemon::start), first.
 ///
 /// # Errors
 ///
@@ -370,6 +370,27 @@ pub(super) fn held(
                 .collect()
         }
     }
+}
+
+/// The admin server's state: the daemon's [`Parts`], the probes' rows and
+/// the manager's caches.
+pub(super) fn new_admin(
+    config: &Config,
+    registry: &Registry,
+    parts: Parts,
+    probes: &ProbeSetHandle,
+    manager: &managers::Handle,
+) -> Result<Admin, StartError> {
+    let sources = Sources {
+        parts: Arc::new(parts),
+        probes: probes.clone(),
+        manager: Arc::new(manager.clone()),
+    };
+    let heartbeats = Heartbeats {
+        probes: config.probe.interval,
+        supervisor: config.supervisor.heartbeat,
+    };
+    Admin::new(registry.clone(), sources, heartbeats).map_err(setup("admin metrics"))
 }
 
 pub(super) fn setup<E: Into<BoxError>>(what: &'static str) -> impl Fn(E) -> StartError {
