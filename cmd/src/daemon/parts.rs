@@ -39,6 +39,10 @@ impl Snapshots for Parts {
             self.discovery.as_deref().map(discovery_view),
         )
     }
+
+    fn supervisor_heartbeat(&self) -> tokio::time::Instant {
+        self.supervisor.status().heartbeat
+    }
 }
 
 /// The election as the view shows it.
