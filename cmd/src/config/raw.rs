@@ -1,5 +1,5 @@
 //! The file's shape, as serde reads it. Everything is optional here, and
-//! defaulted in `check.rs`, so that every error can name its field.
+//! defaulted in `check/`, so that every error can name its field.
 
 use serde::Deserialize;
 
