@@ -41,14 +41,9 @@ pub(super) fn kept<T>(errors: &mut Vec<ConfigError>, result: Result<T, ConfigErr
 /// gives it, if it does.
 struct Sections {
     drain_window: Duration,
-    admin_address: SocketAddr,
-    probe: ProbeConfig,
-    supervisor: SupervisorConfig,
     remotes: Vec<RemoteSpec>,
-    leader_election: Option<LeaderElectionSpec>,
-    sharding: Option<ShardingSpec>,
     watch: Option<Vec<WatchSpec>>,
-    discovery: Vec<DiscoverySpec>,
+    restartable: Restartable,
 }
 
 /// The sections of a config that change only at a restart.
@@ -112,14 +107,9 @@ impl Checker<'_> {
         let (
             Sections {
                 drain_window,
-                admin_address,
-                probe,
-                supervisor,
                 remotes,
-                leader_election,
-                sharding,
                 watch,
-                discovery,
+                restartable,
             },
             manager,
         ) = self.sections(raw)?;
@@ -137,15 +127,7 @@ impl Checker<'_> {
                 discovery,
             },
             restart,
-        ) = Restartable {
-            admin_address,
-            probe,
-            supervisor,
-            leader_election,
-            sharding,
-            discovery,
-        }
-        .into_running(running);
+        ) = restartable.into_running(running);
         let which = if running.is_some() {
             " of the running election (its settings change only at a restart)"
         } else {
@@ -316,14 +298,16 @@ impl Checker<'_> {
         Ok((
             Sections {
                 drain_window,
-                admin_address,
-                probe,
-                supervisor,
                 remotes,
-                leader_election,
-                sharding,
                 watch,
-                discovery,
+                restartable: Restartable {
+                    admin_address,
+                    probe,
+                    supervisor,
+                    leader_election,
+                    sharding,
+                    discovery,
+                },
             },
             manager,
         ))
