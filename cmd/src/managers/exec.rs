@@ -292,10 +292,11 @@ struct Spawner {
     jobs: std::sync::mpsc::Sender<SpawnJob>,
 }
 
-/// A command to start, and where the child goes.
+/// A command to start, and where the child goes, with the guard that marks
+/// it as tether's own.
 type SpawnJob = (
     Command,
-    tokio::sync::oneshot::Sender<std::io::Result<Child>>,
+    tokio::sync::oneshot::Sender<std::io::Result<(Child, reaper::Own)>>,
 );
 
 impl Spawner {
@@ -308,13 +309,13 @@ impl Spawner {
                 // The child's wait is tokio's: spawn in its context.
                 let _runtime = runtime.enter();
                 while let Ok((mut command, reply)) = queue.recv() {
-                    let _ = reply.send(command.spawn());
+                    let _ = reply.send(reaper::spawn_own(&mut command));
                 }
             })?;
         Ok(Self { jobs })
     }
 
-    async fn spawn(&self, command: Command) -> std::io::Result<Child> {
+    async fn spawn(&self, command: Command) -> std::io::Result<(Child, reaper::Own)> {
         let (reply, answer) = tokio::sync::oneshot::channel();
         self.jobs
             .send((command, reply))
@@ -860,14 +861,13 @@ impl ManagerFactory for ExecManager {
         if let Some(dir) = &spec.working_dir {
             command.current_dir(dir);
         }
-        let mut child = shared.spawner.spawn(command).await.map_err(fail)?;
+        // tether waits for this child itself: the PID 1 reaper leaves it,
+        // and its group's stray members are not escapees.
+        let (mut child, _own) = shared.spawner.spawn(command).await.map_err(fail)?;
         let pid = child
             .id()
             .expect("a child that was not waited for has its id");
         let group = Group(pid_of(pid).expect("a child's pid is positive"));
-        // tether waits for this child itself: the PID 1 reaper leaves it,
-        // and its group's stray members are not escapees.
-        let _own = reaper::own(pid);
         shared.starts.inc();
         {
             let mut state = lock(&shared.state);

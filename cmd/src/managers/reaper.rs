@@ -6,8 +6,10 @@
 //! Reaping with `waitpid(-1)`, or any zombie child, would steal their exit
 //! statuses (a plugin's build then fails with "No child processes"). So
 //! the reaper reaps, by pid, only what is not tether's own:
-//! - the exec manager's process is registered ([`own`]) while tether waits
-//!   for it, and never reaped here;
+//! - the exec manager's process is registered ([`spawn_own`]) while tether
+//!   waits for it, and never reaped here. It is registered under the same
+//!   lock the reaper takes after it lists the children, so a scan never
+//!   sees it between its fork and its registration;
 //! - a process in tether's own process group was started by tether (the
 //!   standard library does not move a child to a group of its own), so its
 //!   zombie is its starter's: reaped here only after [`OWN_GROUP_GRACE`],
@@ -17,13 +19,15 @@
 //!
 //! A live orphan outside tether's group and outside the running exec
 //! manager's group left its group (`setsid`): tether cannot stop it with the
-//! group, and says so once.
+//! group, and says so once, when it has stayed out for a scan (so the name
+//! given is the one it settled on, not a passing `setsid`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::time::Duration;
 
 use rustix::process::{Pid, WaitOptions};
+use tokio::process::Child;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
@@ -49,13 +53,25 @@ impl Drop for Own {
     }
 }
 
-/// Marks `pid`, a child tether waits for itself and the leader of its own
-/// process group, until the guard is dropped.
-#[must_use]
-pub fn own(pid: u32) -> Own {
-    let pid = i32::try_from(pid).unwrap_or(0);
-    crate::lock(&OWN).insert(pid);
-    Own(pid)
+/// Spawns `command`, a child tether waits for itself and the leader of its
+/// own process group, and marks it as such until the guard is dropped.
+///
+/// The registry stays locked from before the fork until the pid is in it,
+/// and a scan takes that lock after it lists the children: whatever child
+/// a scan saw, it also sees whether it is tether's own.
+///
+/// # Errors
+///
+/// The spawn's error, when the command cannot be started.
+pub fn spawn_own(command: &mut tokio::process::Command) -> std::io::Result<(Child, Own)> {
+    let mut own = crate::lock(&OWN);
+    let child = command.spawn()?;
+    let pid = child
+        .id()
+        .and_then(|pid| i32::try_from(pid).ok())
+        .unwrap_or(0);
+    own.insert(pid);
+    Ok((child, Own(pid)))
 }
 
 /// Starts reaping if this process is PID 1; does nothing otherwise.
@@ -70,7 +86,7 @@ pub fn start_if_init() {
 struct Scan {
     /// Zombies to reap now.
     reap: Vec<i32>,
-    /// Live processes that left their group, first seen in this scan.
+    /// Live processes out of their group for a scan, to report now.
     escaped: Vec<i32>,
 }
 
@@ -79,6 +95,8 @@ struct Scan {
 struct Memory {
     /// Zombies, with when each was first seen as one.
     zombies: BTreeMap<i32, Instant>,
+    /// Live processes out of their group, with when each was first seen so.
+    strays: BTreeMap<i32, Instant>,
     /// Escapees already reported.
     reported: BTreeSet<i32>,
 }
@@ -91,6 +109,7 @@ impl Memory {
         let now = Instant::now();
         let mut scan = Scan::default();
         let mut zombies = BTreeMap::new();
+        let mut strays = BTreeMap::new();
         for (pid, stat) in children {
             if own.contains(pid) {
                 continue;
@@ -106,14 +125,17 @@ impl Memory {
                 if now.duration_since(since) >= wait {
                     scan.reap.push(*pid);
                 }
-            } else if stat.pgrp != group && !own.contains(&stat.pgrp) && self.reported.insert(*pid)
-            {
-                scan.escaped.push(*pid);
+            } else if stat.pgrp != group && !own.contains(&stat.pgrp) {
+                let since = *self.strays.get(pid).unwrap_or(&now);
+                strays.insert(*pid, since);
+                if now.duration_since(since) >= SCAN_EVERY && self.reported.insert(*pid) {
+                    scan.escaped.push(*pid);
+                }
             }
         }
+        self.reported.retain(|pid| strays.contains_key(pid));
         self.zombies = zombies;
-        let alive: BTreeSet<i32> = children.iter().map(|(pid, _)| *pid).collect();
-        self.reported.retain(|pid| alive.contains(pid));
+        self.strays = strays;
         scan
     }
 }
@@ -130,6 +152,7 @@ async fn reap_forever() {
     loop {
         ticks.tick().await;
         let children: Vec<(i32, Stat)> = processes().filter(|(_, stat)| stat.ppid == me).collect();
+        // After the listing: a child being spawned is registered by now.
         let own = crate::lock(&OWN).clone();
         let scan = memory.scan(&children, group, &own);
         for pid in scan.reap {
@@ -206,20 +229,23 @@ mod tests {
         let own: BTreeSet<i32> = [50].into();
         // 10: a credential plugin, in tether's group (1). 50: the exec
         // child tether waits for. 60: an orphan from its group. 70: one
-        // that left it.
+        // that left it. 80: one out of its group for a moment, as the exec
+        // child is between its fork and its registration.
         let children = [
             (10, stat('Z', 1)),
             (50, stat('Z', 50)),
             (60, stat('Z', 50)),
             (70, stat('S', 70)),
         ];
-        let first = memory.scan(&children, 1, &own);
+        let mut first_seen = children.to_vec();
+        first_seen.push((80, stat('S', 80)));
+        let first = memory.scan(&first_seen, 1, &own);
         assert_eq!(first.reap, Vec::<i32>::new(), "reaped a zombie seen once");
-        assert_eq!(first.escaped, vec![70]);
+        assert!(first.escaped.is_empty(), "told of a process seen once");
         tokio::time::advance(SCAN_EVERY).await;
         let second = memory.scan(&children, 1, &own);
         assert_eq!(second.reap, vec![60], "only the orphan");
-        assert!(second.escaped.is_empty(), "an escapee is told of once");
+        assert_eq!(second.escaped, vec![70], "only the one out for a scan");
         tokio::time::advance(OWN_GROUP_GRACE).await;
         let late = memory.scan(&children, 1, &own);
         assert_eq!(
@@ -227,6 +253,18 @@ mod tests {
             vec![10, 60],
             "a zombie of tether's group, long left, is reaped"
         );
+        assert!(late.escaped.is_empty(), "an escapee is told of once");
+    }
+
+    #[tokio::test]
+    async fn a_spawned_child_is_own_from_the_moment_spawn_returns_until_its_guard_drops() {
+        let (mut child, guard) =
+            spawn_own(tokio::process::Command::new("true").kill_on_drop(true)).expect("true");
+        let pid = i32::try_from(child.id().expect("not yet waited for")).expect("a pid");
+        assert!(crate::lock(&OWN).contains(&pid));
+        drop(guard);
+        assert!(!crate::lock(&OWN).contains(&pid));
+        assert!(child.wait().await.expect("waited").success());
     }
 
     #[test]
