@@ -11,7 +11,7 @@ use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
@@ -36,14 +36,31 @@ impl Listener {
     }
 }
 
+/// How many connections the kernel may hold for the admin server before it
+/// accepts them: the kernel caps it at `net.core.somaxconn` (4096 since
+/// Linux 5.4), as Go's servers ask for. Tokio's own `bind` asks for 128,
+/// and a burst of connections that outran the accept loop by that many
+/// had the kernel drop the next ones: a kubelet probe among them waits a
+/// second for its SYN to be sent again, as long as its timeout.
+const BACKLOG: u32 = 4096;
+
 /// Binds the admin address, and reserves a descriptor for it.
 ///
 /// # Errors
 ///
 /// The bind error, for the caller to report with the address and exit.
-pub async fn bind(addr: SocketAddr) -> std::io::Result<Listener> {
+pub fn bind(addr: SocketAddr) -> std::io::Result<Listener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    // As `TcpListener::bind`: a restarted tether may take its port back
+    // from connections still closing.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
     Ok(Listener {
-        tcp: TcpListener::bind(addr).await?,
+        tcp: socket.listen(BACKLOG)?,
         spare: reserve(),
     })
 }
@@ -189,5 +206,30 @@ pub async fn serve(listener: Listener, admin: Arc<Admin>, stop: CancellationToke
                 take_back(&spare);
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_kernel_holds_a_burst_of_connections_the_server_has_not_accepted_yet() {
+        let listener = bind(SocketAddr::from(([127, 0, 0, 1], 0))).expect("binds");
+        let addr = listener.local_addr().expect("bound");
+        // More than the 129 that tokio's own `bind` lets the kernel hold;
+        // nothing accepts them, so a SYN the kernel dropped for a full
+        // queue would never be answered.
+        let mut held = Vec::new();
+        for i in 0..300 {
+            let connected =
+                tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(addr))
+                    .await
+                    .unwrap_or_else(|_| {
+                        panic!("the kernel dropped connection {i}: the backlog is full")
+                    });
+            held.push(connected.expect("connects"));
+        }
+        drop(listener);
     }
 }
