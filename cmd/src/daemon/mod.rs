@@ -117,7 +117,7 @@ impl Daemon {
         let remotes = remote::resolve(&config).await?;
         exec_command(&config)?;
         // Bind first: never run without health endpoints.
-        let (listener, admin_address) = listen(config.admin_address).await?;
+        let (listener, admin_address) = listen(config.admin_address)?;
 
         let (registry, reloads) = new_registry()?;
         let (discovery, discovered) = start_discovery(&config, &registry, &remotes).await?;

@@ -152,7 +152,7 @@ pub(super) fn new_probes(
 }
 
 /// The admin server's listener on `addr`, and the address it got.
-pub(super) async fn listen(addr: SocketAddr) -> Result<(admin::Listener, SocketAddr), StartError> {
+pub(super) fn listen(addr: SocketAddr) -> Result<(admin::Listener, SocketAddr), StartError> {
     let bind_error = |source| StartError::Bind { addr, source };
     let listener = admin::bind(addr).map_err(bind_error)?;
     let bound = listener.local_addr().map_err(bind_error)?;
