@@ -6,6 +6,9 @@
 //! standing in for synchronisation: it looks until what it waits for holds,
 //! within a bound, and says so either way.
 
+use std::collections::BTreeSet;
+use std::net::Ipv4Addr;
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -35,17 +38,32 @@ pub async fn poll<T>(
     }
 }
 
-/// A port free at the time of asking, on 127.0.0.1.
+/// A port free on 127.0.0.1 now, as [`free_port_on`] finds one.
 ///
 /// # Panics
 ///
 /// If no port can be bound on 127.0.0.1.
 #[must_use]
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port on 127.0.0.1")
-        .port()
+    free_port_on(Ipv4Addr::LOCALHOST).expect("a free port on 127.0.0.1")
+}
+
+/// A port free on `ip` now, from 10000–31999: below the kernel's ephemeral
+/// range (32768 and up by default), so no outgoing connection (a busy
+/// apiserver opens many to etcd) and no server bound to port 0 can take it
+/// before the process it is meant for binds it; and never one this process
+/// handed out before, so two processes started together never share one.
+/// `None` if none was found.
+#[must_use]
+pub fn free_port_on(ip: Ipv4Addr) -> Option<u16> {
+    static TAKEN: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    let mut taken = TAKEN.lock().unwrap_or_else(PoisonError::into_inner);
+    (0..1000)
+        .map(|_| 10_000 + fastrand::u16(..22_000))
+        .find(|port| !taken.contains(port) && std::net::TcpListener::bind((ip, *port)).is_ok())
+        .inspect(|port| {
+            taken.insert(*port);
+        })
 }
 
 /// `GET path` from `addr` over plain HTTP/1.0: the status and the body, or
@@ -93,6 +111,16 @@ pub fn fuzz_budget() -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn free_ports_are_never_handed_out_twice_nor_from_the_ephemeral_range() {
+        // Ports handed out and not yet bound: the kernel is free to give any
+        // of them to port 0 again, and two tethers would then share one.
+        let ports: Vec<u16> = (0..2000).map(|_| free_port()).collect();
+        let distinct: BTreeSet<u16> = ports.iter().copied().collect();
+        assert_eq!(distinct.len(), ports.len());
+        assert!(ports.iter().all(|port| (10_000..32_000).contains(port)));
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_poll_gives_what_came_or_none_at_its_bound() {

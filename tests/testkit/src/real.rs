@@ -21,7 +21,6 @@
 //!   the plane kills both processes by PID and waits for them.
 //! - The admin's token and key never appear in `Debug` output.
 
-use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -265,24 +264,9 @@ impl std::fmt::Debug for ControlPlane {
     }
 }
 
-/// A port free on `ip` now, from 10000–31999: below the kernel's ephemeral
-/// range (32768 and up by default), so no outgoing connection (a busy
-/// apiserver opens many to etcd) can take it before its server binds it,
-/// and never one this process handed out before, so planes starting
-/// together never share one.
+/// A port free on `ip`, as [`crate::plumbing::free_port_on`] finds one.
 fn free_port(ip: Ipv4Addr) -> Result<u16> {
-    static TAKEN: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
-    let mut taken = TAKEN
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    for _ in 0..1000 {
-        let port = 10_000 + fastrand::u16(..22_000);
-        if !taken.contains(&port) && std::net::TcpListener::bind((ip, port)).is_ok() {
-            taken.insert(port);
-            return Ok(port);
-        }
-    }
-    Err(Error::Bind {
+    crate::plumbing::free_port_on(ip).ok_or_else(|| Error::Bind {
         addr: SocketAddr::new(ip.into(), 0),
         source: std::io::Error::new(std::io::ErrorKind::AddrInUse, "no free port in 10000-31999"),
     })
