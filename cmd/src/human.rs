@@ -92,9 +92,31 @@ pub fn count(count: u64, one: &str, many: &str) -> String {
     format!("{} {}", number(count), if count == 1 { one } else { many })
 }
 
+/// A size in bytes as a person reads it: `812 bytes`, `5.0 KiB`, `1.2 MiB`.
+#[must_use]
+pub fn bytes(size: usize) -> String {
+    #[allow(clippy::cast_precision_loss)] // a size shown to one decimal
+    let size_f = size as f64;
+    if size < 1024 {
+        count(size as u64, "byte", "bytes")
+    } else if size < 1024 * 1024 {
+        format!("{:.1} KiB", size_f / 1024.0)
+    } else {
+        format!("{:.1} MiB", size_f / (1024.0 * 1024.0))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_read_in_the_unit_that_fits() {
+        assert_eq!(bytes(1), "1 byte");
+        assert_eq!(bytes(812), "812 bytes");
+        assert_eq!(bytes(5 * 1024), "5.0 KiB");
+        assert_eq!(bytes(1_300_000), "1.2 MiB");
+    }
 
     #[test]
     fn an_exact_duration_reads_as_the_config_writes_it() {

@@ -315,10 +315,33 @@ fn discovered_secret()
         Just(SecretFormat::ClusterApi),
         Just(SecretFormat::Kubeconfig),
     ];
+    let big = tether::discovery::secret::MAX_VALUE;
     let value = prop_oneof![
         4 => kubeconfig().prop_map(|k| k.replace("t0ken", "s3cret").into_bytes()),
         4 => argocd_config().prop_map(String::into_bytes),
         1 => proptest::collection::vec(any::<u8>(), 0..24),
+        // Anchors and aliases, nested: each level a copy of the one below.
+        1 => (kubeconfig(), 1..6usize, 1..8usize).prop_map(|(k, levels, fan)| {
+            use std::fmt::Write as _;
+
+            let mut bomb = String::from("extensions:\n- name: e\n  extension:\n    l0: &l0 [s3cret]\n");
+            for level in 1..=levels {
+                let refs = vec![format!("*l{}", level - 1); fan].join(", ");
+                let _ = writeln!(bomb, "    l{level}: &l{level} [{refs}]");
+            }
+            format!("{bomb}{}", k.replace("t0ken", "s3cret")).into_bytes()
+        }),
+        // Around the bound on a value: under it, at it and past it.
+        1 => (kubeconfig(), prop_oneof![Just(big - 200), Just(big), Just(big + 1)]).prop_map(
+            |(k, size)| {
+                let mut text = k.replace("t0ken", "s3cret");
+                text.push_str("\n# ");
+                while text.len() < size {
+                    text.push('x');
+                }
+                text.into_bytes()
+            }
+        ),
     ];
     let key = prop_oneof![
         Just("name".to_owned()),
@@ -327,7 +350,12 @@ fn discovered_secret()
         Just("value".to_owned()),
         Just("kubeconfig".to_owned()),
     ];
-    let name = prop_oneof![Just("c-1".to_owned()), "[a-zA-Z0-9_.-]{0,70}"];
+    // A hostile or proxied home cluster may send any name at all.
+    let name = prop_oneof![
+        Just("c-1".to_owned()),
+        "[a-zA-Z0-9_.-]{0,70}",
+        "(home|c-1)?[\\x00-\\x1f\\x7f\\u{80}-\\u{9f}a-z]{1,20}",
+    ];
     (format, proptest::collection::vec((key, value), 0..5), name)
 }
 
@@ -362,6 +390,11 @@ fn random_secrets_never_panic_and_every_skip_names_a_field_and_no_secret() {
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             match tether::discovery::secret::read(format, &secret) {
                 Ok(Some(cluster)) => {
+                    let kept = serde_json::to_vec(&cluster.kubeconfig).expect("JSON").len();
+                    assert!(
+                        kept <= tether::discovery::secret::MAX_KEPT,
+                        "{kept} bytes kept of one cluster"
+                    );
                     let source = Arc::new(tether::config::SecretSource {
                         namespace: "ns".to_owned(),
                         name: name.clone(),
@@ -375,7 +408,9 @@ fn random_secrets_never_panic_and_every_skip_names_a_field_and_no_secret() {
                             source,
                         ))
                         .map(drop)
-                        .map_err(|message| ("data".to_owned(), message))
+                        .map_err(|(field, message)| {
+                            (tether::discovery::secret::field_of(format, field), message)
+                        })
                 }
                 Ok(None) => Ok(()),
                 Err(skipped) => Err((skipped.field, skipped.message)),
@@ -391,6 +426,10 @@ fn random_secrets_never_panic_and_every_skip_names_a_field_and_no_secret() {
                 assert!(
                     !message.contains("s3cret"),
                     "a secret in {field}: {message}"
+                );
+                assert!(
+                    !message.chars().any(char::is_control),
+                    "a peer's control character in {field}: {message:?}"
                 );
             }
             Err(payload) => std::panic::resume_unwind(Box::new(format!(

@@ -198,13 +198,38 @@ fn check_token(config: &kube::Config) -> Result<(), String> {
     Ok(())
 }
 
+/// Where a remote's settings came from, for what its errors may say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    /// A kubeconfig file of the operator's.
+    Kubeconfig,
+    /// Direct fields in the config file.
+    Direct,
+    /// A Secret of the home cluster: whoever wrote it is not the operator,
+    /// and its errors are shown on unauthenticated pages, so they name the
+    /// field and never quote the value (a server URL's query or userinfo
+    /// may carry a token).
+    Secret,
+}
+
+/// `url` as an error may quote it: scheme, host, port and path, without
+/// userinfo or query, where tokens ride.
+fn quoted(url: &http::Uri) -> String {
+    let bare = without_userinfo(url);
+    match (bare.scheme_str(), bare.authority()) {
+        (Some(scheme), Some(authority)) => format!("{scheme}://{authority}{}", bare.path()),
+        _ => bare.path().to_owned(),
+    }
+}
+
 /// What must hold of a loaded configuration before tether uses it, and the
 /// changes it makes to it.
 fn finish(
     mut kube_config: kube::Config,
     name: &str,
-    direct: bool,
+    origin: Origin,
 ) -> Result<kube::Config, FieldError> {
+    let direct = origin == Origin::Direct;
     // Userinfo authenticates nothing for kube; keep it out of every client
     // and so out of every log line. A proxy's too: kube's messages about a
     // proxy quote its URL whole.
@@ -221,11 +246,20 @@ fn finish(
     }
     // A server URL that cannot be probed is a config error, not a loop of
     // failing builds.
-    tether_probes::Identity::of(&kube_config).map_err(|e| {
-        (
-            if direct { ".server" } else { ".kubeconfig" },
-            format!("its server {}: {e}", kube_config.cluster_url),
-        )
+    tether_probes::Identity::of(&kube_config).map_err(|e| match origin {
+        Origin::Secret => (
+            ".server",
+            "its server is not an http or https URL with a host and a port tether can probe"
+                .to_owned(),
+        ),
+        Origin::Direct => (
+            ".server",
+            format!("its server {}: {e}", quoted(&kube_config.cluster_url)),
+        ),
+        Origin::Kubeconfig => (
+            ".kubeconfig",
+            format!("its server {}: {e}", quoted(&kube_config.cluster_url)),
+        ),
     })?;
     for warning in warnings(&kube_config) {
         warn!(remote = %name, "{warning}");
@@ -302,8 +336,12 @@ pub async fn resolve_one(
     };
     loaded
         .and_then(|(kube_config, files)| {
-            let direct = matches!(spec.source, RemoteSource::Direct { .. });
-            Ok((finish(kube_config, &spec.name, direct)?, files))
+            let origin = match spec.source {
+                RemoteSource::Direct { .. } => Origin::Direct,
+                RemoteSource::Secret(_) => Origin::Secret,
+                RemoteSource::Kubeconfig { .. } | RemoteSource::Inferred => Origin::Kubeconfig,
+            };
+            Ok((finish(kube_config, &spec.name, origin)?, files))
         })
         .map(|(kube_config, files)| ResolvedRemote {
             name: spec.name.clone(),
@@ -320,9 +358,17 @@ pub async fn resolve_one(
 /// The kube configuration of a kubeconfig a Secret carried: its current
 /// context, with no file to read.
 async fn from_secret(kubeconfig: &Kubeconfig) -> Result<kube::Config, FieldError> {
+    use kube::config::KubeconfigError;
+
     kube::Config::from_custom_kubeconfig(kubeconfig.clone(), &KubeConfigOptions::default())
         .await
-        .map_err(|e| ("", root(&e)))
+        .map_err(|e| match e {
+            KubeconfigError::ParseClusterUrl(_) => {
+                (".server", "its server is not a URL".to_owned())
+            }
+            KubeconfigError::ParseProxyUrl(_) => ("", "its proxy-url is not a URL".to_owned()),
+            e => ("", root(&e)),
+        })
 }
 
 /// A remote a discovery source found: `secret`'s kubeconfig, loaded and
@@ -330,16 +376,17 @@ async fn from_secret(kubeconfig: &Kubeconfig) -> Result<kube::Config, FieldError
 ///
 /// # Errors
 ///
-/// What is wrong, in words that hold none of the Secret's data.
+/// The field (`server`, or empty for the kubeconfig as a whole) and what is
+/// wrong, in words that hold none of the Secret's data.
 pub async fn discovered(
     name: &str,
     required: bool,
     secret: Arc<super::SecretSource>,
-) -> Result<ResolvedRemote, String> {
+) -> Result<ResolvedRemote, (&'static str, String)> {
     let config = from_secret(&secret.kubeconfig)
         .await
-        .and_then(|config| finish(config, name, false))
-        .map_err(|(_, message)| message)?;
+        .and_then(|config| finish(config, name, Origin::Secret))
+        .map_err(|(field, message)| (field.trim_start_matches('.'), message))?;
     Ok(ResolvedRemote {
         name: name.to_owned(),
         required,

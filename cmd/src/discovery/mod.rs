@@ -70,10 +70,18 @@ pub async fn home_config(kubeconfig: Option<&Path>) -> Result<kube::Config, Erro
     })
 }
 
+/// A Secret's name as tether shows it: a hostile or proxied home cluster
+/// may send one that no apiserver would take, with control characters that
+/// would rewrite a terminal or a page. Escaped once here, for every place
+/// that shows it (`check`, `/status`, `/status.json`, the metrics).
+fn shown(name: &str) -> String {
+    tether_supervisor::printable(name, 253).into_owned()
+}
+
 /// One discovered Secret that is skipped, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SkippedSecret {
-    /// The Secret's name.
+    /// The Secret's name, control characters escaped.
     pub secret: String,
     /// The field, and what is wrong.
     pub skipped: Skipped,
@@ -106,6 +114,8 @@ struct Merged {
     /// Per source: remotes given, and Secrets skipped (their own errors and
     /// names already taken).
     per_source: Vec<(usize, Vec<SkippedSecret>)>,
+    /// The `(source, secret)` series of `tether_discovery_errors` now.
+    exported: BTreeSet<(String, String)>,
 }
 
 /// The running discovery: one reflector per source on one home cluster.
@@ -131,6 +141,7 @@ impl Discovery {
         let kubeconfig = specs.first().and_then(|s| s.kubeconfig.clone());
         let config = home_config(kubeconfig.as_deref()).await?;
         let home = Remote::new(HOME.to_owned(), Arc::new(config.clone()));
+        let config = source::client_config(config);
         // Off the workers: an exec credential plugin runs in the build.
         let client = tether_probes::client::once_off_workers(move || {
             tether_probes::client::bounded_client(config)
@@ -138,10 +149,29 @@ impl Discovery {
         .await
         .map_err(|e| Error::Client(e.to_string()))?
         .map_err(|e| Error::Client(tether_probes::client::root_cause(&e)))?;
+        let (discovery, notify) = Self::new(specs, home, registry)?;
+        for source in &discovery.sources {
+            tokio::spawn(Arc::clone(source).run(
+                client.clone(),
+                notify.clone(),
+                discovery.stop.clone(),
+            ));
+        }
+        Ok(discovery)
+    }
+
+    /// The discovery of `specs`, its metrics registered, its sources
+    /// knowing nothing yet and not running; and the sender they tell
+    /// their changes on.
+    fn new(
+        specs: &[DiscoverySpec],
+        home: Remote,
+        registry: &Registry,
+    ) -> Result<(Self, watch::Sender<u64>), Error> {
         let errors = IntGaugeVec::new(
             Opts::new(
                 "tether_discovery_errors",
-                "1 for each discovered Secret that is skipped: it does not read as a cluster, or its name is taken.",
+                "1 for each discovered Secret that is skipped (it does not read as a cluster, or its name is taken), and for each source that cannot list or watch its Secrets (secret=\"\").",
             ),
             &["source", "secret"],
         )?;
@@ -155,7 +185,6 @@ impl Discovery {
         registry.register(Box::new(errors.clone()))?;
         registry.register(Box::new(found.clone()))?;
         let (notify, changes) = watch::channel(0);
-        let stop = CancellationToken::new();
         let sources: Vec<Arc<Source>> = specs
             .iter()
             .map(|spec| {
@@ -166,18 +195,16 @@ impl Discovery {
                 })
             })
             .collect();
-        for source in &sources {
-            tokio::spawn(Arc::clone(source).run(client.clone(), notify.clone(), stop.clone()));
-        }
-        Ok(Self {
+        let discovery = Self {
             sources,
             home,
             changes,
             merged: Mutex::new(Merged::default()),
             errors,
             found,
-            stop,
-        })
+            stop: CancellationToken::new(),
+        };
+        Ok((discovery, notify))
     }
 
     /// Waits until every source has listed its Secrets once, or `within`
@@ -213,14 +240,16 @@ impl Discovery {
     }
 
     /// The discovered remotes, sources in config order and each source's
-    /// in Secret name order. A name that a static remote (`taken`) or an
-    /// earlier Secret already has is an error on the later Secret. The
-    /// metrics and the status follow.
+    /// in Secret name order. A name that tether reserves (the home
+    /// cluster's), a static remote (`taken`) or an earlier Secret already
+    /// has is an error on the later Secret alone. The metrics and the
+    /// status follow.
     pub fn remotes(&self, taken: &BTreeSet<String>) -> Vec<ResolvedRemote> {
         let mut names: BTreeMap<String, String> = taken
             .iter()
             .map(|n| (n.clone(), "a static remote".to_owned()))
             .collect();
+        names.insert(HOME.to_owned(), "the home cluster".to_owned());
         let mut remotes = Vec::new();
         let mut per_source = Vec::with_capacity(self.sources.len());
         for source in &self.sources {
@@ -232,13 +261,13 @@ impl Discovery {
                 match &entry.outcome {
                     Outcome::Ignored => {}
                     Outcome::Skipped(why) => skipped.push(SkippedSecret {
-                        secret: secret.clone(),
+                        secret: shown(secret),
                         skipped: why.clone(),
                     }),
                     Outcome::Found(remote) => {
                         if let Some(holder) = names.get(&remote.name) {
                             skipped.push(SkippedSecret {
-                                secret: secret.clone(),
+                                secret: shown(secret),
                                 skipped: Skipped {
                                     field: "name".to_owned(),
                                     message: format!(
@@ -251,7 +280,7 @@ impl Discovery {
                         }
                         names.insert(
                             remote.name.clone(),
-                            format!("Secret {}/{secret}", source.spec.namespace),
+                            format!("Secret {}/{}", source.spec.namespace, shown(secret)),
                         );
                         remotes.push(remote.clone());
                         given += 1;
@@ -267,37 +296,28 @@ impl Discovery {
         remotes
     }
 
-    /// `tether_discovery_errors`: a series for each Secret skipped now, and
-    /// none for those fixed or gone.
+    /// `tether_discovery_errors`: a series for each Secret skipped now,
+    /// one with an empty `secret` for each source that cannot list or
+    /// watch now, and none for those fixed or gone.
     fn export_errors(&self, per_source: &[(usize, Vec<SkippedSecret>)]) {
-        let now: BTreeSet<(String, String)> = self
-            .sources
-            .iter()
-            .zip(per_source)
-            .flat_map(|(source, (_, skipped))| {
-                let label = source.spec.label();
-                skipped
-                    .iter()
-                    .map(move |s| (label.clone(), s.secret.clone()))
-            })
-            .collect();
-        let before: BTreeSet<(String, String)> = lock(&self.merged)
-            .per_source
-            .iter()
-            .zip(&self.sources)
-            .flat_map(|((_, skipped), source)| {
-                let label = source.spec.label();
-                skipped
-                    .iter()
-                    .map(move |s| (label.clone(), s.secret.clone()))
-            })
-            .collect();
-        for (source, secret) in before.difference(&now) {
+        let mut now = BTreeSet::new();
+        for (source, (_, skipped)) in self.sources.iter().zip(per_source) {
+            let label = source.spec.label();
+            if lock(&source.known).failing.is_some() {
+                now.insert((label.clone(), String::new()));
+            }
+            for s in skipped {
+                now.insert((label.clone(), s.secret.clone()));
+            }
+        }
+        let mut merged = lock(&self.merged);
+        for (source, secret) in merged.exported.difference(&now) {
             let _ = self.errors.remove_label_values(&[source, secret]);
         }
         for (source, secret) in &now {
             self.errors.with_label_values(&[source, secret]).set(1);
         }
+        merged.exported = now;
     }
 
     /// Each source as `/status` shows it.
@@ -327,5 +347,136 @@ impl Discovery {
     /// Stops every reflector.
     pub fn stop(&self) {
         self.stop.cancel();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{RemoteSource, SecretFormat};
+
+    fn remote(name: &str) -> ResolvedRemote {
+        ResolvedRemote {
+            name: name.to_owned(),
+            required: true,
+            source: RemoteSource::Inferred,
+            config: Arc::new(kube::Config::new("https://h:6443".parse().expect("a URL"))),
+            files: Vec::new(),
+        }
+    }
+
+    /// A discovery of one source that knows `secrets`, as its reflector
+    /// would have them.
+    fn knowing(secrets: Vec<(&str, Outcome)>) -> Discovery {
+        let spec = DiscoverySpec {
+            namespace: "fleet".to_owned(),
+            format: SecretFormat::Kubeconfig,
+            label_selector: None,
+            required: true,
+            kubeconfig: None,
+        };
+        let home = Remote::new(
+            HOME.to_owned(),
+            Arc::new(kube::Config::new(
+                "https://home:6443".parse().expect("a URL"),
+            )),
+        );
+        let (discovery, _) = Discovery::new(&[spec], home, &Registry::new()).expect("discovery");
+        {
+            let mut known = lock(&discovery.sources[0].known);
+            known.listed = true;
+            for (name, outcome) in secrets {
+                known
+                    .secrets
+                    .insert(name.to_owned(), source::Entry::of(outcome));
+            }
+        }
+        discovery
+    }
+
+    #[test]
+    fn a_name_tether_reserves_or_holds_is_that_secrets_error_alone() {
+        let discovery = knowing(vec![
+            ("home", Outcome::Found(remote("home"))),
+            ("edge-1", Outcome::Found(remote("edge-1"))),
+            ("s", Outcome::Found(remote("s"))),
+        ]);
+        let taken = BTreeSet::from(["s".to_owned()]);
+        let found: Vec<String> = discovery
+            .remotes(&taken)
+            .into_iter()
+            .map(|r| r.name)
+            .collect();
+        assert_eq!(found, ["edge-1"]);
+        let status = discovery.status();
+        let skipped: Vec<(&str, &str, &str)> = status[0]
+            .skipped
+            .iter()
+            .map(|k| {
+                (
+                    k.secret.as_str(),
+                    k.skipped.field.as_str(),
+                    k.skipped.message.as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            skipped,
+            [
+                (
+                    "home",
+                    "name",
+                    "\"home\" is already the name of the home cluster"
+                ),
+                ("s", "name", "\"s\" is already the name of a static remote"),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_hostile_secret_name_is_shown_escaped_everywhere() {
+        let hostile = "x\u{1b}]0;owned\u{7}\u{1b}[2J";
+        let discovery = knowing(vec![(
+            hostile,
+            Outcome::Skipped(Skipped {
+                field: "data.kubeconfig".to_owned(),
+                message: "is missing".to_owned(),
+            }),
+        )]);
+        let registry = Registry::new();
+        registry
+            .register(Box::new(discovery.errors.clone()))
+            .expect("registered");
+        discovery.remotes(&BTreeSet::new());
+        let shown = &discovery.status()[0].skipped[0].secret;
+        assert!(!shown.chars().any(char::is_control), "{shown:?}");
+        assert!(shown.contains("\\u{1b}"), "{shown:?}");
+        let series = discovery
+            .errors
+            .get_metric_with_label_values(&["fleet/kubeconfig", shown])
+            .expect("its series");
+        assert_eq!(series.get(), 1);
+    }
+
+    #[test]
+    fn a_source_that_cannot_list_has_an_error_series_of_its_own_until_it_lists() {
+        let discovery = knowing(Vec::new());
+        lock(&discovery.sources[0].known).failing =
+            Some(("no answer within 30s".to_owned(), SystemTime::now()));
+        discovery.remotes(&BTreeSet::new());
+        let failing = || {
+            discovery
+                .errors
+                .get_metric_with_label_values(&["fleet/kubeconfig", ""])
+                .map(|g| g.get())
+        };
+        assert_eq!(failing().ok(), Some(1));
+        lock(&discovery.sources[0].known).failing = None;
+        discovery.remotes(&BTreeSet::new());
+        let exported = prometheus::core::Collector::collect(&discovery.errors);
+        assert!(
+            exported.iter().all(|family| family.get_metric().is_empty()),
+            "the series went: {exported:?}"
+        );
     }
 }

@@ -18,6 +18,18 @@ use crate::config::SecretFormat;
 /// The Cluster API label that names a kubeconfig Secret's cluster.
 pub(super) const CLUSTER_NAME: &str = "cluster.x-k8s.io/cluster-name";
 
+/// The most a value tether parses from a Secret may hold (a kubeconfig, or
+/// Argo CD's `config`): 256 KiB. A kubeconfig that Cluster API or a
+/// multicluster-runtime provider writes is a few KiB, a CA bundle of thirty
+/// certificates about 60; a Secret may hold 1 MiB.
+pub const MAX_VALUE: usize = 256 * 1024;
+
+/// The most tether keeps of one discovered cluster's kubeconfig, as JSON:
+/// 64 KiB. It is kept while the Secret is, and written for the exec
+/// manager's process at each cycle; only what reaching the cluster needs
+/// is kept (its current context, cluster and user, without extensions).
+pub const MAX_KEPT: usize = 64 * 1024;
+
 /// A cluster a Secret describes.
 #[derive(Clone)]
 pub struct Found {
@@ -110,36 +122,170 @@ pub fn read(format: SecretFormat, secret: &Secret) -> Result<Option<Found>, Skip
             "the remote's name must be 1-63 lower-case letters, digits, '-', '.' or '_'",
         ));
     }
-    no_files_or_plugins(&found.kubeconfig)?;
+    if format == SecretFormat::ArgoCd {
+        // A kubeconfig is checked as it is read.
+        no_files_or_plugins(&found.kubeconfig)?;
+    }
     Ok(Some(found))
+}
+
+/// The field of a Secret of `format` that a remote's `field` (`server`, or
+/// empty for the whole) was read from.
+#[must_use]
+pub fn field_of(format: SecretFormat, field: &str) -> String {
+    match (format, field) {
+        (SecretFormat::ArgoCd, "server") => "data.server",
+        (SecretFormat::ArgoCd, _) => "data.config",
+        (SecretFormat::ClusterApi, _) => "data.value",
+        (SecretFormat::Kubeconfig, _) => "data.kubeconfig",
+    }
+    .to_owned()
+}
+
+/// The value of `key`, at most [`MAX_VALUE`] bytes.
+fn value<'d>(data: &'d BTreeMap<String, ByteString>, key: &str) -> Result<&'d [u8], Skipped> {
+    let field = format!("data.{key}");
+    let bytes = &data
+        .get(key)
+        .ok_or_else(|| skipped(&field, "is missing"))?
+        .0;
+    if bytes.len() > MAX_VALUE {
+        return Err(skipped(
+            field,
+            format!(
+                "holds {}, over the {} KiB tether reads of one value",
+                crate::human::bytes(bytes.len()),
+                MAX_VALUE / 1024
+            ),
+        ));
+    }
+    Ok(bytes)
 }
 
 /// The value of `key`, as UTF-8 text.
 fn text(data: &BTreeMap<String, ByteString>, key: &str) -> Result<String, Skipped> {
-    let field = format!("data.{key}");
-    let bytes = data.get(key).ok_or_else(|| skipped(&field, "is missing"))?;
-    String::from_utf8(bytes.0.clone()).map_err(|_| skipped(&field, "is not UTF-8 text"))
+    let bytes = value(data, key)?;
+    String::from_utf8(bytes.to_vec())
+        .map_err(|_| skipped(format!("data.{key}"), "is not UTF-8 text"))
 }
 
-/// The kubeconfig under `key`.
+/// What parsing one discovered kubeconfig may cost. client-go, Cluster API
+/// and the multicluster-runtime providers never write YAML anchors, and an
+/// alias is how a few KiB become tens of MiB once parsed: a discovered
+/// kubeconfig may use none. Without them, what is parsed is bounded by the
+/// text, itself at most [`MAX_VALUE`].
+fn parse_options() -> serde_saphyr::Options {
+    serde_saphyr::options! {
+        // The parser's errors would quote the text, credentials included.
+        with_snippet: false,
+        budget: serde_saphyr::budget! {
+            max_aliases: 0,
+            max_anchors: 0,
+            max_documents: 8,
+            max_depth: 32,
+            max_nodes: 20_000,
+            max_total_scalar_bytes: MAX_VALUE,
+        },
+    }
+}
+
+/// The kubeconfig under `key`: parsed within [`parse_options`], and only
+/// what reaching the cluster needs kept, at most [`MAX_KEPT`].
 fn kubeconfig(data: &BTreeMap<String, ByteString>, key: &str) -> Result<Kubeconfig, Skipped> {
+    let field = format!("data.{key}");
     let text = text(data, key)?;
-    Kubeconfig::from_yaml(&text).map_err(|err| {
-        // serde's message may quote the text it choked on: the line and
-        // column only.
-        let at = err
-            .to_string()
-            .rsplit_once(" at line ")
-            .map(|(_, at)| format!(" (at line {at})"))
-            .unwrap_or_default();
-        skipped(
-            format!("data.{key}"),
+    let documents: Vec<Kubeconfig> =
+        serde_saphyr::from_multiple_with_options(&text, parse_options())
+            .map_err(|err| skipped(&field, not_a_kubeconfig(&err)))?;
+    let whole = documents
+        .into_iter()
+        .try_fold(Kubeconfig::default(), Kubeconfig::merge)
+        .map_err(|_| skipped(&field, "is not a kubeconfig (its documents do not merge)"))?;
+    no_files_or_plugins(&whole)?;
+    let kept = essential(whole).map_err(|message| skipped(&field, message))?;
+    within_kept(&field, kept)
+}
+
+/// `kubeconfig`, if what tether keeps of it is at most [`MAX_KEPT`].
+fn within_kept(field: &str, kubeconfig: Kubeconfig) -> Result<Kubeconfig, Skipped> {
+    let size = serde_json::to_vec(&kubeconfig).map_or(usize::MAX, |json| json.len());
+    if size > MAX_KEPT {
+        return Err(skipped(
+            field,
             format!(
-                "is not a kubeconfig{}",
-                tether_supervisor::printable(&at, 40)
+                "the cluster and user it describes take {}, over the {} KiB tether keeps of one cluster",
+                crate::human::bytes(size),
+                MAX_KEPT / 1024
             ),
-        )
-    })
+        ));
+    }
+    Ok(kubeconfig)
+}
+
+/// Why `err` is no kubeconfig, without the parser's quote of the text it
+/// choked on: a bound passed, or the line and column.
+fn not_a_kubeconfig(err: &serde_saphyr::Error) -> String {
+    use serde_saphyr::budget::BudgetBreach;
+
+    let mut inner = err;
+    while let serde_saphyr::Error::AliasError { error, .. }
+    | serde_saphyr::Error::WithSnippet { error, .. } = inner
+    {
+        inner = error;
+    }
+    match inner {
+        serde_saphyr::Error::Budget {
+            breach: BudgetBreach::Aliases { .. } | BudgetBreach::Anchors { .. },
+            ..
+        } => "uses YAML anchors or aliases, which a discovered kubeconfig may not (each alias is a copy once parsed)".to_owned(),
+        serde_saphyr::Error::Budget { .. } => "is not a kubeconfig: it passes a bound on what one may cost to parse (documents, depth, nodes)".to_owned(),
+        _ => match err.location() {
+            Some(at) => format!(
+                "is not a kubeconfig (at line {} column {})",
+                at.line(),
+                at.column()
+            ),
+            None => "is not a kubeconfig".to_owned(),
+        },
+    }
+}
+
+/// Of `kubeconfig`, what reaching its current context's cluster takes: that
+/// context, its cluster and its user, without extensions or preferences.
+/// Whatever else it holds is neither kept nor written for the exec
+/// manager's process.
+fn essential(kubeconfig: Kubeconfig) -> Result<Kubeconfig, String> {
+    let current = kubeconfig
+        .current_context
+        .ok_or("is not a kubeconfig tether can use: it has no current-context")?;
+    let context = kubeconfig
+        .contexts
+        .into_iter()
+        .find(|c| c.name == current)
+        .and_then(|c| c.context)
+        .ok_or("its current-context names a context it does not have")?;
+    let mut cluster = kubeconfig
+        .clusters
+        .into_iter()
+        .find(|c| c.name == context.cluster)
+        .and_then(|c| c.cluster)
+        .ok_or("its current context names a cluster it does not have")?;
+    cluster.extensions = None;
+    let mut user = match &context.user {
+        None => AuthInfo::default(),
+        Some(name) => kubeconfig
+            .auth_infos
+            .into_iter()
+            .find(|u| &u.name == name)
+            .and_then(|u| u.auth_info)
+            .ok_or("its current context names a user it does not have")?,
+    };
+    user.extensions = None;
+    let mut kept = crate::config::remote::single_kubeconfig(&current, cluster, user);
+    if let Some(kept_context) = kept.contexts.first_mut().and_then(|c| c.context.as_mut()) {
+        kept_context.namespace = context.namespace;
+    }
+    Ok(kept)
 }
 
 /// Argo CD's `config`: how to reach and log in to the cluster.
@@ -151,8 +297,8 @@ struct ArgoConfig {
     bearer_token: Option<String>,
     #[serde(default)]
     tls_client_config: ArgoTls,
-    aws_auth_config: Option<serde_json::Value>,
-    exec_provider_config: Option<serde_json::Value>,
+    aws_auth_config: Option<serde::de::IgnoredAny>,
+    exec_provider_config: Option<serde::de::IgnoredAny>,
     proxy_url: Option<String>,
     disable_compression: Option<bool>,
 }
@@ -171,9 +317,9 @@ struct ArgoTls {
 /// The kubeconfig an Argo CD cluster Secret describes.
 fn argocd(name: &str, data: &BTreeMap<String, ByteString>) -> Result<Kubeconfig, Skipped> {
     let server = text(data, "server")?;
-    let config: ArgoConfig = match data.get("config") {
-        None => return Err(skipped("data.config", "is missing")),
-        Some(bytes) => serde_json::from_slice(&bytes.0).map_err(|err| {
+    let config: ArgoConfig = match value(data, "config") {
+        Err(err) => return Err(err),
+        Ok(bytes) => serde_json::from_slice(bytes).map_err(|err| {
             skipped(
                 "data.config",
                 format!(
@@ -223,9 +369,10 @@ fn argocd(name: &str, data: &BTreeMap<String, ByteString>) -> Result<Kubeconfig,
         client_key_data: pem("keyData", &tls.key_data)?.map(Into::into),
         ..AuthInfo::default()
     };
-    Ok(crate::config::remote::single_kubeconfig(
-        name, cluster, user,
-    ))
+    within_kept(
+        "data.config",
+        crate::config::remote::single_kubeconfig(name, cluster, user),
+    )
 }
 
 /// What kind of JSON error, without serde's quote of the input.
@@ -469,5 +616,100 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(err.field, "data.kubeconfig");
+    }
+
+    /// A kubeconfig of `KUBECONFIG`'s cluster, with `extensions` that
+    /// expand by `fan`-fold at each of `levels` anchors once parsed.
+    fn alias_bomb(levels: usize, fan: usize) -> String {
+        use std::fmt::Write as _;
+
+        let mut text = String::from(
+            "apiVersion: v1\nkind: Config\nextensions:\n- name: bomb\n  extension:\n    l0: &l0 \"0123456789012345678901234567890123456789012345678901234567890123\"\n",
+        );
+        for level in 1..=levels {
+            let refs = vec![format!("*l{}", level - 1); fan].join(", ");
+            let _ = writeln!(text, "    l{level}: &l{level} [{refs}]");
+        }
+        text.push_str(&KUBECONFIG.replace("apiVersion: v1\nkind: Config\n", ""));
+        text
+    }
+
+    #[test]
+    fn a_kubeconfig_with_yaml_aliases_is_skipped_before_it_expands() {
+        let bomb = alias_bomb(4, 12);
+        assert!(bomb.len() < 5 * 1024, "{} bytes", bomb.len());
+        // What kube's own reader makes of it: 12^4 copies of a 64-byte
+        // string, some 2 MiB from 1 KiB (the issue's Secret: 55 MB from 5).
+        let expanded = Kubeconfig::from_yaml(&bomb).expect("kube reads it");
+        let size = serde_json::to_vec(&expanded).expect("json").len();
+        assert!(size > 1000 * bomb.len(), "{size} bytes from {}", bomb.len());
+        let err = read(
+            SecretFormat::Kubeconfig,
+            &secret("edge-7", &[], &[("kubeconfig", bomb.as_bytes())]),
+        )
+        .unwrap_err();
+        assert_eq!(err.field, "data.kubeconfig", "{err}");
+        assert!(err.message.contains("aliases"), "{err}");
+    }
+
+    #[test]
+    fn only_what_reaches_the_current_cluster_is_kept() {
+        let text = format!(
+            "{KUBECONFIG}extensions: [{{name: e, extension: {{big: \"{}\"}}}}]\npreferences: {{colors: true}}\n",
+            "x".repeat(100_000)
+        )
+        .replace(
+            "clusters:\n",
+            "clusters:\n- name: other\n  cluster: {server: \"https://10.9.9.9\", extensions: [{name: e, extension: {a: b}}]}\n",
+        );
+        let found = read(
+            SecretFormat::Kubeconfig,
+            &secret("edge-7", &[], &[("kubeconfig", text.as_bytes())]),
+        )
+        .unwrap()
+        .unwrap();
+        let kept = found.kubeconfig;
+        assert_eq!(kept.clusters.len(), 1);
+        assert_eq!(kept.auth_infos.len(), 1);
+        assert_eq!(kept.contexts.len(), 1);
+        assert!(kept.extensions.is_none() && kept.preferences.is_none());
+        let cluster = kept.clusters[0].cluster.as_ref().expect("its cluster");
+        assert_eq!(cluster.server.as_deref(), Some("https://10.0.0.1:6443"));
+        let size = serde_json::to_vec(&kept).expect("json").len();
+        assert!(size < 1024, "{size} bytes kept");
+    }
+
+    #[test]
+    fn a_value_or_a_cluster_past_its_bound_is_skipped_by_field() {
+        let huge = format!("{KUBECONFIG}# {}\n", "x".repeat(MAX_VALUE));
+        let err = read(
+            SecretFormat::ClusterApi,
+            &secret(
+                "prod-2-kubeconfig",
+                &[(CLUSTER_NAME, "prod-2")],
+                &[("value", huge.as_bytes())],
+            ),
+        )
+        .unwrap_err();
+        assert_eq!(err.field, "data.value", "{err}");
+        assert!(err.message.contains("256 KiB"), "{err}");
+        // Under the input's bound, past what tether keeps of a cluster.
+        let ca = base64::engine::general_purpose::STANDARD.encode(vec![b'x'; 100 * 1024]);
+        let config = format!(r#"{{"bearerToken":"t","tlsClientConfig":{{"caData":"{ca}"}}}}"#);
+        let err = read(
+            SecretFormat::ArgoCd,
+            &secret(
+                "cluster-x",
+                &[],
+                &[
+                    ("name", b"x"),
+                    ("server", b"https://10.0.0.1:6443"),
+                    ("config", config.as_bytes()),
+                ],
+            ),
+        )
+        .unwrap_err();
+        assert_eq!(err.field, "data.config", "{err}");
+        assert!(err.message.contains("64 KiB"), "{err}");
     }
 }

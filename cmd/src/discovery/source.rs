@@ -29,6 +29,45 @@ const RETRY: BackoffConfig = BackoffConfig {
     jitter: 0.2,
 };
 
+/// How many Secrets one page of a list may hold. kube's watcher asks for
+/// 500; a Cluster API namespace labels every Secret of a cluster, bootstrap
+/// data of up to 1 MiB included, and a real kube-apiserver answered one list
+/// of 60 such Secrets with 76 MiB, past [`MAX_RESPONSE`] (64 MiB), so that
+/// the source never listed. An object is at most 1.5 MiB in etcd and at most
+/// [`MAX_WATCH_EVENT`] (4 MiB) as tether reads it: ten of them, 40 MiB at
+/// most, always fit, and a page costs tether at most that, once.
+///
+/// [`MAX_RESPONSE`]: tether_probes::client::MAX_RESPONSE
+/// [`MAX_WATCH_EVENT`]: tether_probes::client::MAX_WATCH_EVENT
+pub(super) const PAGE: u32 = 10;
+
+/// How long a watch of the home cluster's Secrets lasts before the
+/// apiserver ends it (`timeoutSeconds`) and tether watches again from where
+/// it was: an idle watch sends something at least this often.
+const WATCH_TIMEOUT: u32 = 25;
+
+/// How long a request to the home cluster may go without a byte of its
+/// answer: a list, the start of a watch, or a watch between two events
+/// (the apiserver ends each one after [`WATCH_TIMEOUT`]). A path that drops
+/// packets fails the request within it, the source shows as failing, and
+/// it lists anew when the path heals. client-go finds such a connection
+/// dead in about the same time (a 30 s HTTP/2 ping, 15 s to answer it).
+pub(super) const READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long the home cluster may take to accept a connection.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The home cluster's config as discovery uses it: every request with a
+/// deadline. kube's defaults have none: a list or a watch whose packets are
+/// dropped would wait forever, and clusters added, removed or rotated in
+/// the meantime would go unseen until a restart.
+pub(super) fn client_config(mut config: kube::Config) -> kube::Config {
+    config.read_timeout = Some(READ_TIMEOUT);
+    config.write_timeout = Some(READ_TIMEOUT);
+    config.connect_timeout = Some(CONNECT_TIMEOUT);
+    config
+}
+
 /// What one Secret gave.
 #[derive(Debug, Clone)]
 pub(super) enum Outcome {
@@ -47,6 +86,17 @@ pub(super) enum Outcome {
 pub(super) struct Entry {
     digest: Vec<u8>,
     pub(super) outcome: Outcome,
+}
+
+#[cfg(test)]
+impl Entry {
+    /// An entry that gave `outcome`, for the tests.
+    pub(super) fn of(outcome: Outcome) -> Self {
+        Self {
+            digest: Vec::new(),
+            outcome,
+        }
+    }
 }
 
 /// What a source knows, as its reflector keeps it.
@@ -121,8 +171,8 @@ impl Source {
                 });
                 match remote::discovered(&found.name, self.spec.required, source).await {
                     Ok(remote) => Outcome::Found(remote),
-                    Err(message) => Outcome::Skipped(Skipped {
-                        field: "data".to_owned(),
+                    Err((field, message)) => Outcome::Skipped(Skipped {
+                        field: secret::field_of(self.spec.format, field),
                         message,
                     }),
                 }
@@ -149,11 +199,14 @@ impl Source {
         stop: CancellationToken,
     ) {
         let api: Api<Secret> = Api::namespaced(client, &self.spec.namespace);
-        // The first list from the apiserver's watch cache: at thousands of
-        // Secrets, far cheaper for it than a quorum read.
+        // Paged, so that no page can pass the response bound (see PAGE),
+        // and with the apiserver's default (consistent) semantics: it
+        // serves them from its watch cache, and honours the limit, which
+        // `resourceVersion=0` would have it ignore.
         let config = watcher::Config::default()
             .labels(&self.spec.selector())
-            .any_semantic();
+            .page_size(PAGE)
+            .timeout(WATCH_TIMEOUT);
         let label = self.spec.label();
         let mut retry = Backoff::new(RETRY);
         let mut failures = 0u32;
@@ -247,6 +300,59 @@ mod tests {
 
     fn secret(labels: &[(&str, &str)], data: &[u8]) -> Secret {
         secret::secret("s", labels, &[("value", data)])
+    }
+
+    fn source(format: crate::config::SecretFormat) -> Source {
+        Source {
+            spec: DiscoverySpec {
+                namespace: "fleet".to_owned(),
+                format,
+                label_selector: None,
+                required: true,
+                kubeconfig: None,
+            },
+            known: Mutex::new(Known::default()),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_server_that_cannot_be_probed_is_named_by_its_field_and_never_quoted() {
+        let token = "s3cret-in-the-query";
+        for server in [
+            format!("ftp://10.0.0.1:21/?token={token}"),
+            format!("https://user:{token}@/?token={token}"),
+        ] {
+            let argo = secret::secret(
+                "cluster-x",
+                &[],
+                &[
+                    ("name", b"x"),
+                    ("server", server.as_bytes()),
+                    ("config", br#"{"bearerToken":"t"}"#),
+                ],
+            );
+            let entry = source(crate::config::SecretFormat::ArgoCd)
+                .read(&argo, None)
+                .await;
+            let Outcome::Skipped(skipped) = entry.outcome else {
+                panic!("{server} was not skipped");
+            };
+            assert_eq!(skipped.field, "data.server", "{skipped}");
+            assert!(!skipped.to_string().contains(token), "{skipped}");
+        }
+        let kubeconfig = format!(
+            "clusters: [{{name: c, cluster: {{server: \"ftp://h/?token={token}\"}}}}]\ncontexts: [{{name: c, context: {{cluster: c}}}}]\ncurrent-context: c\n"
+        );
+        let provider = secret::secret("edge-1", &[], &[("kubeconfig", kubeconfig.as_bytes())]);
+        let entry = source(crate::config::SecretFormat::Kubeconfig)
+            .read(&provider, None)
+            .await;
+        let Outcome::Skipped(skipped) = entry.outcome else {
+            panic!("an ftp server was not skipped");
+        };
+        assert_eq!(skipped.field, "data.kubeconfig", "{skipped}");
+        assert!(skipped.message.contains("its server"), "{skipped}");
+        assert!(!skipped.to_string().contains(token), "{skipped}");
     }
 
     #[test]
