@@ -180,11 +180,33 @@ const NOTE_MAX: usize = 1000;
 /// How often the cycles and the election are looked at.
 const WATCH_EVERY: Duration = Duration::from_secs(1);
 
+/// One Event to publish: why, what it says, and the remote it is about.
+#[derive(Debug)]
+struct Queued {
+    reason: Reason,
+    note: String,
+    remote: Option<String>,
+}
+
 /// Where Events are sent: cheap to clone; sending never waits.
 #[derive(Debug, Clone)]
 pub struct Events {
-    queue: mpsc::Sender<(Reason, String)>,
+    queue: mpsc::Sender<Queued>,
     counts: IntCounterVec,
+}
+
+/// What an Event is about: tether's Pod, and for an Event about one
+/// remote, that remote as a part of it (`fieldPath: remotes{cluster-b}`,
+/// as the kubelet names a container `spec.containers{nginx}`). kube's
+/// recorder, as client-go's, folds the repeats of one Event into a count
+/// and keeps the first note; the part is in what it folds by, so that
+/// three remotes lost are three Events, each naming its remote, and a
+/// remote lost again adds to its own count.
+fn regarding(pod: &ObjectReference, remote: Option<&str>) -> ObjectReference {
+    ObjectReference {
+        field_path: remote.map(|remote| format!("remotes{{{remote}}}")),
+        ..pod.clone()
+    }
 }
 
 /// The publishing task, to wait for at shutdown.
@@ -244,7 +266,7 @@ impl Events {
         registry: &Registry,
     ) -> prometheus::Result<(Self, Publisher)> {
         let counts = counts(registry)?;
-        let (queue, mut queued) = mpsc::channel::<(Reason, String)>(QUEUE);
+        let (queue, mut queued) = mpsc::channel::<Queued>(QUEUE);
         let reporter = Reporter {
             controller: "tether".to_owned(),
             instance: pod.name.clone(),
@@ -254,7 +276,12 @@ impl Events {
         let task = tokio::spawn(async move {
             let mut filter = SpamFilter::new();
             let mut warned = false;
-            while let Some((reason, note)) = queued.recv().await {
+            while let Some(Queued {
+                reason,
+                note,
+                remote,
+            }) = queued.recv().await
+            {
                 if !filter.allow() {
                     published.with_label_values(&["dropped"]).inc();
                     debug!(
@@ -270,7 +297,10 @@ impl Events {
                     action: reason.action().to_owned(),
                     secondary: None,
                 };
-                match tokio::time::timeout(PUBLISH_TIMEOUT, recorder.publish(&event, &pod)).await {
+                let regarding = regarding(&pod, remote.as_deref());
+                match tokio::time::timeout(PUBLISH_TIMEOUT, recorder.publish(&event, &regarding))
+                    .await
+                {
                     Ok(Ok(())) => {
                         warned = false;
                         published.with_label_values(&["published"]).inc();
@@ -296,8 +326,17 @@ impl Events {
 
     /// Queues an Event; dropped (and counted) when the queue is full.
     pub fn record(&self, reason: Reason, note: &str) {
-        let note = tether_supervisor::printable(note, NOTE_MAX).into_owned();
-        if self.queue.try_send((reason, note)).is_err() {
+        self.record_about(reason, note, None);
+    }
+
+    /// Queues an Event about `remote`, if it names one.
+    fn record_about(&self, reason: Reason, note: &str, remote: Option<&str>) {
+        let queued = Queued {
+            reason,
+            note: tether_supervisor::printable(note, NOTE_MAX).into_owned(),
+            remote: remote.map(str::to_owned),
+        };
+        if self.queue.try_send(queued).is_err() {
             self.counts.with_label_values(&["dropped"]).inc();
         }
     }
@@ -354,7 +393,11 @@ impl Events {
         let since = *seen;
         for ended in status.recent.iter().filter(|c| c.number > since) {
             if let Some(reason) = Reason::of_cycle_end(ended.cause.kind()) {
-                self.record(reason, &cycle_note(ended.number, &ended.cause));
+                self.record_about(
+                    reason,
+                    &cycle_note(ended.number, &ended.cause),
+                    ended.cause.remote(),
+                );
             }
             *seen = ended.number;
         }

@@ -350,7 +350,7 @@ async fn three_real_remotes_sync_and_a_lost_optional_one_restarts_alone() {
 /// stop the last cycle and the leadership's release.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_on_tethers_pod_show_its_leadership_and_each_cycles_end() {
-    let (a, b) = two().await;
+    let ((a, b), c) = tokio::join!(two(), plane(RealOptions::default().name("c")));
     let dir = tempfile::tempdir().expect("dir");
     // `a` is the home cluster too: it holds the Lease and the Events.
     let home = dir.path().join("home.kubeconfig");
@@ -361,7 +361,7 @@ async fn events_on_tethers_pod_show_its_leadership_and_each_cycles_end() {
         home.display()
     );
     let mut tether = tether(
-        &[("a", &a), ("b", &b)],
+        &[("a", &a), ("b", &b), ("c", &c)],
         Shape {
             extra: &extra,
             env: &[
@@ -402,6 +402,38 @@ async fn events_on_tethers_pod_show_its_leadership_and_each_cycles_end() {
         .find(|(r, _, _)| r == "RemoteRecovered")
         .expect("listed");
     assert_eq!(recovered.1, "Normal", "{events:#?}");
+
+    // Another remote lost: an Event of its own that names it, not a count
+    // added to b's (kube's recorder folds repeats and keeps the first note).
+    c.stop();
+    tether
+        .until_metric("tether_cycles_total{cause=\"remote_lost\"}", "2", |v| {
+            v == 2.0
+        })
+        .await;
+    let lost_notes = |events: &[(String, String, String)]| -> Vec<String> {
+        let mut notes: Vec<String> = events
+            .iter()
+            .filter(|(r, _, _)| r == "RemoteLost")
+            .map(|(_, _, note)| note.clone())
+            .collect();
+        notes.sort();
+        notes
+    };
+    let every = Duration::from_millis(200);
+    let lost = common::poll(common::DEADLINE, every, async || {
+        Some(lost_notes(&common::pod_events(&home, pod))).filter(|notes| notes.len() >= 2)
+    })
+    .await
+    .unwrap_or_default();
+    let events = common::pod_events(&home, pod);
+    assert!(
+        lost.len() == 2
+            && lost[0] == "cycle 1 ended: b unreachable"
+            && lost[1].starts_with("cycle ")
+            && lost[1].ends_with(" ended: c unreachable"),
+        "each remote lost is an Event that names it: {events:#?}"
+    );
 
     assert!(
         tether

@@ -166,6 +166,15 @@ impl Cause {
 }
 
 impl Cause {
+    /// The remote the cause is about: the one lost or recovered.
+    #[must_use]
+    pub fn remote(&self) -> Option<&str> {
+        match self {
+            Self::RemoteLost { remote } | Self::RemoteRecovered { remote } => Some(remote),
+            _ => None,
+        }
+    }
+
     /// The cause in words, for a person: `cluster-b unreachable`,
     /// `configuration changed`. [`Display`](fmt::Display) is for logs, and
     /// leads with the kind's label.
