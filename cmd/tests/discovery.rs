@@ -381,6 +381,26 @@ impl World {
         self.secrets
             .create("fleet", &provider("bad-exec", &exec, true))
             .await;
+        // The home cluster's name, from a Secret: that Secret's error
+        // alone, not a set that can no longer change.
+        self.secrets
+            .create(
+                "fleet",
+                &provider("home", &self.c.kubeconfig().to_yaml(), true),
+            )
+            .await;
+        // A server tether cannot probe, a token in its query: named by
+        // field, never quoted.
+        let ftp = secret(
+            "cluster-ftp",
+            &serde_json::json!({"argocd.argoproj.io/secret-type": "cluster"}),
+            &[
+                ("name", "ftp"),
+                ("server", &format!("ftp://10.0.0.1:21/?token={MARKER}")),
+                ("config", "{}"),
+            ],
+        );
+        self.secrets.create("argocd", &ftp).await;
         let skipped = [
             (
                 "argocd/argocd",
@@ -388,8 +408,10 @@ impl World {
                 "data.config.tlsClientConfig.caData",
             ),
             ("argocd/argocd", "cluster-s", "name"),
+            ("argocd/argocd", "cluster-ftp", "data.server"),
             ("capi/clusterapi", "bad-kubeconfig", "data.value"),
             ("fleet/kubeconfig", "bad-exec", "users[0].exec"),
+            ("fleet/kubeconfig", "home", "name"),
         ];
         for (source, secret, _) in skipped {
             let labels = [
@@ -456,11 +478,13 @@ impl World {
         let table = String::from_utf8_lossy(&out.stdout);
         assert_eq!(out.status.code(), Some(1), "{table}");
         for line in [
-            "discovery argocd/argocd: listed; 1 remote found, 2 Secrets skipped",
+            "discovery argocd/argocd: listed; 1 remote found, 3 Secrets skipped",
             "  skipped Secret bad-argo: data.config.tlsClientConfig.caData: is not base64",
             "  skipped Secret cluster-s: name: \"s\" is already the name of a static remote",
+            "  skipped Secret cluster-ftp: data.server: its server is not an http or https URL with a host and a port tether can probe",
             "discovery capi/clusterapi: listed; 1 remote found, 1 Secret skipped",
-            "discovery fleet/kubeconfig: listed; 1 remote found, 1 Secret skipped",
+            "discovery fleet/kubeconfig: listed; 1 remote found, 2 Secrets skipped",
+            "  skipped Secret home: name: \"home\" is already the name of the home cluster",
         ] {
             assert!(table.lines().any(|l| l == line), "{line:?} in\n{table}");
         }
@@ -736,4 +760,145 @@ async fn discovered_remotes_are_shared_among_replicas_like_static_ones() {
     for tether in [&one, &two] {
         until_reachable(tether, "home", Some(1.0)).await;
     }
+}
+
+/// A Cluster API namespace labels every Secret of a cluster with its name,
+/// bootstrap data of up to 1 MiB included: a real kube-apiserver answered
+/// kube's one list (500 a page) of 60 such Secrets with 76 MiB, past the 64
+/// MiB bound, and the source never found a cluster. Paged, it lists them,
+/// passes them over, and finds the cluster beside them; a kubeconfig past
+/// its bound is skipped alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_of_big_labelled_secrets_is_listed_page_by_page_and_its_cluster_found() {
+    let home = common::real_plane(RealOptions::default().name("home")).await;
+    let (secrets, _dir, home_kubeconfig) = Home::new(&home).await;
+    let bootstrap = "b".repeat(1_000_000);
+    for i in 0..60 {
+        let big = secret(
+            &format!("big-{i}-bootstrap"),
+            &serde_json::json!({"cluster.x-k8s.io/cluster-name": format!("big-{i}")}),
+            &[("value", &bootstrap)],
+        );
+        secrets.create("capi", &big).await;
+    }
+    let kubeconfig = home.kubeconfig().to_yaml();
+    secrets
+        .create("capi", &clusterapi("prod", &kubeconfig))
+        .await;
+    let huge = format!("{kubeconfig}\n# {}\n", "x".repeat(300 * 1024));
+    secrets.create("capi", &clusterapi("huge", &huge)).await;
+    let extra = format!(
+        "discovery:\n- secrets: {{namespace: capi, format: clusterapi, kubeconfig: {}}}",
+        home_kubeconfig.display()
+    );
+    let started = Instant::now();
+    let tether = Tether::start::<ControlPlane>(
+        &[],
+        &[],
+        &Shape {
+            extra: &extra,
+            ..Shape::default()
+        },
+    );
+    until_reachable(&tether, "prod", Some(1.0)).await;
+    let found = started.elapsed();
+    until(
+        &tether,
+        "tether_discovery_errors",
+        &["secret=\"huge-kubeconfig\""],
+        "1",
+        |v| v == Some(1.0),
+    )
+    .await;
+    assert_eq!(
+        series(&tether, "tether_discovery_errors", &["secret=\"\""]).await,
+        None,
+        "the source never failed; logs:\n{}",
+        tether.logs()
+    );
+    assert_eq!(
+        series(
+            &tether,
+            "tether_discovery_remotes",
+            &["source=\"capi/clusterapi\""]
+        )
+        .await,
+        Some(1.0)
+    );
+    let (_, status) = tether.get("/status.json").await.expect("status");
+    assert!(
+        status.contains("over the 256 KiB tether reads of one value"),
+        "{status}"
+    );
+    println!(
+        "discovery: 60 labelled 1 MB Secrets, paged: the cluster beside them probed {found:?} after start"
+    );
+}
+
+/// A home cluster that stops answering without closing its connections
+/// (SIGSTOP: the kernel still accepts, nothing answers), as a path that
+/// drops packets would: every request to it has a deadline, so its source
+/// shows as failing (`/status`, `tether_discovery_errors{secret=""}`) while
+/// the last known remotes run on; resumed, it lists anew and a Secret
+/// created meanwhile is found.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_home_cluster_fails_its_source_within_the_deadline_and_it_lists_again() {
+    let (home, a) = tokio::join!(
+        common::real_plane(RealOptions::default().name("home")),
+        common::real_plane(RealOptions::default().name("a")),
+    );
+    let (secrets, _dir, home_kubeconfig) = Home::new(&home).await;
+    secrets
+        .create("fleet", &provider("a", &a.kubeconfig().to_yaml(), true))
+        .await;
+    let extra = format!(
+        "discovery:\n- secrets: {{namespace: fleet, format: kubeconfig, labelSelector: \"tier=edge\", kubeconfig: {}}}",
+        home_kubeconfig.display()
+    );
+    let tether = Tether::start::<ControlPlane>(
+        &[],
+        &[],
+        &Shape {
+            extra: &extra,
+            ..Shape::default()
+        },
+    );
+    until_reachable(&tether, "a", Some(1.0)).await;
+    let failing = ["source=\"fleet/kubeconfig\"", "secret=\"\""];
+    assert_eq!(
+        series(&tether, "tether_discovery_errors", &failing).await,
+        None
+    );
+    home.pause();
+    let stuck = until(
+        &tether,
+        "tether_discovery_errors",
+        &failing,
+        "1, the source failing",
+        |v| v == Some(1.0),
+    )
+    .await;
+    let (_, status) = tether.get("/status.json").await.expect("status");
+    let status: serde_json::Value = serde_json::from_str(&status).expect("JSON");
+    assert!(
+        !status["discovery"]["sources"][0]["failing"].is_null(),
+        "/status shows the source failing: {status:#}"
+    );
+    assert_eq!(
+        series(&tether, REACHABLE, &[&named("a")]).await,
+        Some(1.0),
+        "the last known remote runs on"
+    );
+    home.resume();
+    secrets
+        .create("fleet", &provider("a2", &a.kubeconfig().to_yaml(), true))
+        .await;
+    let healed = until_reachable(&tether, "a2", Some(1.0)).await;
+    until(&tether, "tether_discovery_errors", &failing, "gone", |v| {
+        v.is_none()
+    })
+    .await;
+    println!(
+        "discovery: home silent to its source failing {stuck:?}; resumed to a new Secret probed {healed:?}"
+    );
 }

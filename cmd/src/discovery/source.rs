@@ -43,16 +43,20 @@ pub(super) const PAGE: u32 = 10;
 
 /// How long a watch of the home cluster's Secrets lasts before the
 /// apiserver ends it (`timeoutSeconds`) and tether watches again from where
-/// it was: an idle watch sends something at least this often.
-const WATCH_TIMEOUT: u32 = 25;
+/// it was: an idle watch ends this often, well within [`READ_TIMEOUT`], so
+/// that silence past it means a dead path, never a quiet namespace. (kube's
+/// watcher also gives up on a watch silent for this plus 5 s, and starts
+/// another.)
+const WATCH_TIMEOUT: u32 = 10;
 
 /// How long a request to the home cluster may go without a byte of its
-/// answer: a list, the start of a watch, or a watch between two events
-/// (the apiserver ends each one after [`WATCH_TIMEOUT`]). A path that drops
-/// packets fails the request within it, the source shows as failing, and
-/// it lists anew when the path heals. client-go finds such a connection
-/// dead in about the same time (a 30 s HTTP/2 ping, 15 s to answer it).
-pub(super) const READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// answer: a list, the start of a watch, or a watch between two events. A
+/// path that drops packets fails the request within it, the source shows
+/// as failing, and it lists anew when the path heals: a watch gone silent
+/// is given up after 15 s, and the request that replaces it fails 20 s
+/// later, so a source shows as failing within 35 s. client-go finds such a
+/// connection dead in about 45 s (a 30 s HTTP/2 ping, 15 s to answer it).
+pub(super) const READ_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// How long the home cluster may take to accept a connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
