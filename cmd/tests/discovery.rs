@@ -620,16 +620,20 @@ async fn the_exec_managers_process_gets_each_discovered_cluster_and_a_cycle_per_
         "discovery:\n- secrets: {{namespace: fleet, format: kubeconfig, labelSelector: \"tier=edge\", kubeconfig: {}}}",
         home_kubeconfig.display()
     );
-    let tether = Tether::start::<ControlPlane>(
-        &[],
-        &[],
-        &Shape {
-            manager: Some(&manager),
-            extra: &extra,
-            ..Shape::default()
-        },
-    );
-    let said = async |line: &str| {
+    // TMPDIR, where the exec manager's private folder goes: the chart's
+    // emptyDir, which outlives a container.
+    let tmp = dir.path().join("tmp");
+    std::fs::create_dir(&tmp).expect("TMPDIR");
+    let tmp_env = tmp.display().to_string();
+    let env = [("TMPDIR", tmp_env.as_str())];
+    let shape = Shape {
+        manager: Some(&manager),
+        extra: &extra,
+        env: &env,
+        ..Shape::default()
+    };
+    let mut tether = Tether::start::<ControlPlane>(&[], &[], &shape);
+    let said = async |tether: &Tether, line: &str| {
         let found = poll(DEADLINE, EVERY, async || {
             tether.output().lines().any(|l| l == line).then_some(())
         })
@@ -641,11 +645,11 @@ async fn the_exec_managers_process_gets_each_discovered_cluster_and_a_cycle_per_
             tether.logs()
         );
     };
-    said("cycle 1 remotes a mode 600 refused").await;
+    said(&tether, "cycle 1 remotes a mode 600 refused").await;
     secrets
         .replace("fleet", &provider("a", &a.kubeconfig().to_yaml(), true))
         .await;
-    said("cycle 2 remotes a mode 600 ok").await;
+    said(&tether, "cycle 2 remotes a mode 600 ok").await;
     assert_eq!(
         series(
             &tether,
@@ -657,6 +661,41 @@ async fn the_exec_managers_process_gets_each_discovered_cluster_and_a_cycle_per_
         "the rotation ended cycle 1"
     );
     assert!(!tether.logs().contains(&a.token()), "a token in the logs");
+
+    // Killed, tether leaves its folder and the credentials in it; the next
+    // start removes it before it writes anything.
+    let folders = || -> Vec<std::path::PathBuf> {
+        let mut found: Vec<_> = std::fs::read_dir(&tmp)
+            .expect("TMPDIR")
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("tether-exec-"))
+            })
+            .collect();
+        found.sort();
+        found
+    };
+    let killed = folders();
+    assert_eq!(killed.len(), 1, "{killed:?}");
+    tether.signal("KILL");
+    tether.wait().await;
+    assert!(
+        killed[0].join("a.kubeconfig").exists(),
+        "a killed run leaves its credentials"
+    );
+    let next = Tether::start::<ControlPlane>(&[], &[], &shape);
+    said(&next, "cycle 1 remotes a mode 600 ok").await;
+    let now = folders();
+    assert_eq!(now.len(), 1, "{now:?}");
+    assert_ne!(now, killed, "the killed run's folder was removed");
+    assert!(
+        next.logs()
+            .contains("removed the exec manager's folder that an earlier run left"),
+        "{}",
+        next.logs()
+    );
 }
 
 /// What a replica holds, from `/status.json`'s shard section: its remotes,

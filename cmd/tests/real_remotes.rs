@@ -434,6 +434,8 @@ async fn events_on_tethers_pod_show_its_leadership_and_each_cycles_end() {
             && lost[1].ends_with(" ended: c unreachable"),
         "each remote lost is an Event that names it: {events:#?}"
     );
+    c.restart().await.expect("restart");
+    tether.until_ready(true).await;
 
     assert!(
         tether

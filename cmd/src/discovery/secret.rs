@@ -639,10 +639,15 @@ mod tests {
         let bomb = alias_bomb(4, 12);
         assert!(bomb.len() < 5 * 1024, "{} bytes", bomb.len());
         // What kube's own reader makes of it: 12^4 copies of a 64-byte
-        // string, some 2 MiB from 1 KiB (the Secret: 55 MB from 5).
+        // string, 1.5 MB as JSON from 651 bytes (the Secret: 55 MB
+        // from 5 KB).
         let expanded = Kubeconfig::from_yaml(&bomb).expect("kube reads it");
         let size = serde_json::to_vec(&expanded).expect("json").len();
         assert!(size > 1000 * bomb.len(), "{size} bytes from {}", bomb.len());
+        println!(
+            "alias bomb: {} bytes of YAML, {size} bytes once kube parses it",
+            bomb.len()
+        );
         let err = read(
             SecretFormat::Kubeconfig,
             &secret("edge-7", &[], &[("kubeconfig", bomb.as_bytes())]),
