@@ -350,11 +350,9 @@ impl World {
         until_reachable(&self.tether, "c2", None).await
     }
 
-    /// A malformed Secret of each format, and a name a static remote has:
-    /// each that Secret's error alone, by field, and no cycle ends.
-    async fn skips_the_bad_alone(&self) {
-        let changed = ["cause=\"config_changed\""];
-        let cycles = self.metric("tether_cycles_total", &changed).await;
+    /// A malformed Secret of each format, a name a static remote has, the
+    /// home cluster's name, and a server tether cannot probe.
+    async fn create_the_bad(&self) {
         let bad_argo = secret(
             "bad-argo",
             &serde_json::json!({"argocd.argoproj.io/secret-type": "cluster"}),
@@ -401,6 +399,14 @@ impl World {
             ],
         );
         self.secrets.create("argocd", &ftp).await;
+    }
+
+    /// A malformed Secret of each format, and a name a static remote has:
+    /// each that Secret's error alone, by field, and no cycle ends.
+    async fn skips_the_bad_alone(&self) {
+        let changed = ["cause=\"config_changed\""];
+        let cycles = self.metric("tether_cycles_total", &changed).await;
+        self.create_the_bad().await;
         let skipped = [
             (
                 "argocd/argocd",
