@@ -443,10 +443,6 @@ mod tests {
                 message: "is missing".to_owned(),
             }),
         )]);
-        let registry = Registry::new();
-        registry
-            .register(Box::new(discovery.errors.clone()))
-            .expect("registered");
         discovery.remotes(&BTreeSet::new());
         let shown = &discovery.status()[0].skipped[0].secret;
         assert!(!shown.chars().any(char::is_control), "{shown:?}");

@@ -122,10 +122,8 @@ pub fn read(format: SecretFormat, secret: &Secret) -> Result<Option<Found>, Skip
             "the remote's name must be 1-63 lower-case letters, digits, '-', '.' or '_'",
         ));
     }
-    if format == SecretFormat::ArgoCd {
-        // A kubeconfig is checked as it is read.
-        no_files_or_plugins(&found.kubeconfig)?;
-    }
+    // A kubeconfig was checked for files and plugins as it was read, and
+    // Argo CD's is built of inline fields alone.
     Ok(Some(found))
 }
 

@@ -39,7 +39,7 @@ const RETRY: BackoffConfig = BackoffConfig {
 ///
 /// [`MAX_RESPONSE`]: tether_probes::client::MAX_RESPONSE
 /// [`MAX_WATCH_EVENT`]: tether_probes::client::MAX_WATCH_EVENT
-pub(super) const PAGE: u32 = 10;
+const PAGE: u32 = 10;
 
 /// How long a watch of the home cluster's Secrets lasts before the
 /// apiserver ends it (`timeoutSeconds`) and tether watches again from where
@@ -56,7 +56,7 @@ const WATCH_TIMEOUT: u32 = 10;
 /// is given up after 15 s, and the request that replaces it fails 20 s
 /// later, so a source shows as failing within 35 s. client-go finds such a
 /// connection dead in about 45 s (a 30 s HTTP/2 ping, 15 s to answer it).
-pub(super) const READ_TIMEOUT: Duration = Duration::from_secs(20);
+const READ_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// How long the home cluster may take to accept a connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -204,9 +204,9 @@ impl Source {
     ) {
         let api: Api<Secret> = Api::namespaced(client, &self.spec.namespace);
         // Paged, so that no page can pass the response bound (see PAGE),
-        // and with the apiserver's default (consistent) semantics: it
-        // serves them from its watch cache, and honours the limit, which
-        // `resourceVersion=0` would have it ignore.
+        // and with the apiserver's default (consistent) semantics, which
+        // honour the limit: a list at `resourceVersion=0` is one the watch
+        // cache has long served whole, whatever the limit.
         let config = watcher::Config::default()
             .labels(&self.spec.selector())
             .page_size(PAGE)

@@ -557,12 +557,11 @@ fn try_lock(path: &Path) -> std::io::Result<Option<std::fs::File>> {
 /// that outlives the container. A folder whose lock is held belongs to a
 /// tether that runs (a second one in the same pod) and is left alone; one
 /// with no lock file holds nothing, since a folder is locked before
-/// anything is written to it. Returns how many were removed.
-fn remove_leftovers(tmp: &Path) -> usize {
+/// anything is written to it.
+fn remove_leftovers(tmp: &Path) {
     let Ok(entries) = std::fs::read_dir(tmp) else {
-        return 0;
+        return;
     };
-    let mut removed = 0;
     for entry in entries.flatten() {
         let path = entry.path();
         let ours = entry
@@ -577,7 +576,6 @@ fn remove_leftovers(tmp: &Path) -> usize {
         match try_lock(&path.join(FOLDER_LOCK)) {
             Ok(Some(_over)) => match std::fs::remove_dir_all(&path) {
                 Ok(()) => {
-                    removed += 1;
                     info!(folder = %path.display(), "removed the exec manager's folder that an earlier run left, with the credentials in it");
                 }
                 Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
@@ -592,7 +590,6 @@ fn remove_leftovers(tmp: &Path) -> usize {
             }
         }
     }
-    removed
 }
 
 /// Makes the folder for the exec manager's remotes file, under `TMPDIR`,
