@@ -15,8 +15,9 @@
 //! without one) and every required remote is reachable.
 //!
 //! The process is told its remotes: `TETHER_REMOTES` (their names, in
-//! config order, comma-separated) and `TETHER_REMOTES_FILE` (a JSON file
-//! with each one's kubeconfig). With sharding, that is this replica's share,
+//! config order, comma-separated, while they fit in 32 KiB) and
+//! `TETHER_REMOTES_FILE` (a JSON file with each one's kubeconfig, in a
+//! private folder that a later start removes if this run is killed). With sharding, that is this replica's share,
 //! and a change of share ends the cycle, so the next process gets the new
 //! one.
 //!
