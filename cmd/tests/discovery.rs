@@ -344,10 +344,27 @@ impl World {
         synced
     }
 
-    /// A Secret goes: its series go with it. How long it took.
+    /// A Secret goes: its series go with it. How long it took. Then the
+    /// cycle that ran it ends (`config_changed`), which is counted when its
+    /// manager has returned, after the series went: waited for here, so
+    /// that the next step counts from a settled number.
     async fn goes(&self) -> Duration {
+        let changed = ["cause=\"config_changed\""];
+        let cycles = self
+            .metric("tether_cycles_total", &changed)
+            .await
+            .unwrap_or(0.0);
         self.secrets.delete("fleet", "c2").await;
-        until_reachable(&self.tether, "c2", None).await
+        let gone = until_reachable(&self.tether, "c2", None).await;
+        until(
+            &self.tether,
+            "tether_cycles_total",
+            &changed,
+            "one more",
+            |v| v.unwrap_or(0.0) > cycles,
+        )
+        .await;
+        gone
     }
 
     /// A malformed Secret of each format, a name a static remote has, the
