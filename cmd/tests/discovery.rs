@@ -194,6 +194,50 @@ const DISCOVERY: &str = "discovery:
 - secrets: {namespace: capi, format: clusterapi, kubeconfig: HOME}
 - secrets: {namespace: fleet, format: kubeconfig, labelSelector: \"tier=edge\", kubeconfig: HOME}";
 
+/// The config of one source: multicluster-runtime's Secrets labelled
+/// `tier=edge` in `fleet`, on the home cluster of `kubeconfig`.
+fn fleet_source(kubeconfig: &std::path::Path) -> String {
+    format!(
+        "discovery:\n- secrets: {{namespace: fleet, format: kubeconfig, labelSelector: \"tier=edge\", kubeconfig: {}}}",
+        kubeconfig.display()
+    )
+}
+
+/// A home cluster and a remote `a`, and `a`'s kubeconfig Secret (with
+/// `kubeconfig`) in `fleet`; the home cluster's Secrets, and its kubeconfig
+/// in a folder.
+async fn home_and_a(
+    kubeconfig: impl Fn(&ControlPlane) -> String,
+) -> (
+    ControlPlane,
+    ControlPlane,
+    Home,
+    tempfile::TempDir,
+    std::path::PathBuf,
+) {
+    let (home, a) = tokio::join!(
+        common::real_plane(RealOptions::default().name("home")),
+        common::real_plane(RealOptions::default().name("a")),
+    );
+    let (secrets, dir, home_kubeconfig) = Home::new(&home).await;
+    secrets
+        .create("fleet", &provider("a", &kubeconfig(&a), true))
+        .await;
+    (home, a, secrets, dir, home_kubeconfig)
+}
+
+/// tether with no static remote and `extra` (its discovery).
+fn discovering(extra: &str) -> Tether {
+    Tether::start::<ControlPlane>(
+        &[],
+        &[],
+        &Shape {
+            extra,
+            ..Shape::default()
+        },
+    )
+}
+
 /// The planes, the home cluster's Secrets, and tether reading them.
 struct World {
     home: ControlPlane,
@@ -617,15 +661,8 @@ async fn remotes_come_and_go_with_the_home_clusters_secrets() {
 /// next process has the new credentials.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_exec_managers_process_gets_each_discovered_cluster_and_a_cycle_per_change() {
-    let (home, a) = tokio::join!(
-        common::real_plane(RealOptions::default().name("home")),
-        common::real_plane(RealOptions::default().name("a")),
-    );
-    let (secrets, dir, home_kubeconfig) = Home::new(&home).await;
-    let refused = a.kubeconfig().to_yaml().replace(&a.token(), "not-a-token");
-    secrets
-        .create("fleet", &provider("a", &refused, true))
-        .await;
+    let (_home, a, secrets, dir, home_kubeconfig) =
+        home_and_a(|a| a.kubeconfig().to_yaml().replace(&a.token(), "not-a-token")).await;
     let script = dir.path().join("controller.sh");
     std::fs::write(
         &script,
@@ -639,10 +676,7 @@ async fn the_exec_managers_process_gets_each_discovered_cluster_and_a_cycle_per_
         "{{exec: {{command: [sh, {}], gracePeriod: 2s}}}}",
         script.display()
     );
-    let extra = format!(
-        "discovery:\n- secrets: {{namespace: fleet, format: kubeconfig, labelSelector: \"tier=edge\", kubeconfig: {}}}",
-        home_kubeconfig.display()
-    );
+    let extra = fleet_source(&home_kubeconfig);
     // TMPDIR, where the exec manager's private folder goes: the chart's
     // emptyDir, which outlives a container.
     let tmp = dir.path().join("tmp");
@@ -854,14 +888,7 @@ async fn a_namespace_of_big_labelled_secrets_is_listed_page_by_page_and_its_clus
         home_kubeconfig.display()
     );
     let started = Instant::now();
-    let tether = Tether::start::<ControlPlane>(
-        &[],
-        &[],
-        &Shape {
-            extra: &extra,
-            ..Shape::default()
-        },
-    );
+    let tether = discovering(&extra);
     until_reachable(&tether, "prod", Some(1.0)).await;
     let found = started.elapsed();
     until(
@@ -905,26 +932,9 @@ async fn a_namespace_of_big_labelled_secrets_is_listed_page_by_page_and_its_clus
 /// created meanwhile is found.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_home_cluster_fails_its_source_within_the_deadline_and_it_lists_again() {
-    let (home, a) = tokio::join!(
-        common::real_plane(RealOptions::default().name("home")),
-        common::real_plane(RealOptions::default().name("a")),
-    );
-    let (secrets, _dir, home_kubeconfig) = Home::new(&home).await;
-    secrets
-        .create("fleet", &provider("a", &a.kubeconfig().to_yaml(), true))
-        .await;
-    let extra = format!(
-        "discovery:\n- secrets: {{namespace: fleet, format: kubeconfig, labelSelector: \"tier=edge\", kubeconfig: {}}}",
-        home_kubeconfig.display()
-    );
-    let tether = Tether::start::<ControlPlane>(
-        &[],
-        &[],
-        &Shape {
-            extra: &extra,
-            ..Shape::default()
-        },
-    );
+    let (home, a, secrets, _dir, home_kubeconfig) = home_and_a(|a| a.kubeconfig().to_yaml()).await;
+    let extra = fleet_source(&home_kubeconfig);
+    let tether = discovering(&extra);
     until_reachable(&tether, "a", Some(1.0)).await;
     let failing = ["source=\"fleet/kubeconfig\"", "secret=\"\""];
     assert_eq!(

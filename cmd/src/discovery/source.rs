@@ -306,8 +306,9 @@ mod tests {
         secret::secret("s", labels, &[("value", data)])
     }
 
-    fn source(format: crate::config::SecretFormat) -> Source {
-        Source {
+    /// Why a source of `format` skips `secret`.
+    async fn skipped_as(format: crate::config::SecretFormat, secret: &Secret) -> Skipped {
+        let source = Source {
             spec: DiscoverySpec {
                 namespace: "fleet".to_owned(),
                 format,
@@ -316,6 +317,10 @@ mod tests {
                 kubeconfig: None,
             },
             known: Mutex::new(Known::default()),
+        };
+        match source.read(secret, None).await.outcome {
+            Outcome::Skipped(skipped) => skipped,
+            _ => panic!("{:?} was not skipped", secret.metadata.name),
         }
     }
 
@@ -335,12 +340,7 @@ mod tests {
                     ("config", br#"{"bearerToken":"t"}"#),
                 ],
             );
-            let entry = source(crate::config::SecretFormat::ArgoCd)
-                .read(&argo, None)
-                .await;
-            let Outcome::Skipped(skipped) = entry.outcome else {
-                panic!("{server} was not skipped");
-            };
+            let skipped = skipped_as(crate::config::SecretFormat::ArgoCd, &argo).await;
             assert_eq!(skipped.field, "data.server", "{skipped}");
             assert!(!skipped.to_string().contains(token), "{skipped}");
         }
@@ -348,12 +348,7 @@ mod tests {
             "clusters: [{{name: c, cluster: {{server: \"ftp://h/?token={token}\"}}}}]\ncontexts: [{{name: c, context: {{cluster: c}}}}]\ncurrent-context: c\n"
         );
         let provider = secret::secret("edge-1", &[], &[("kubeconfig", kubeconfig.as_bytes())]);
-        let entry = source(crate::config::SecretFormat::Kubeconfig)
-            .read(&provider, None)
-            .await;
-        let Outcome::Skipped(skipped) = entry.outcome else {
-            panic!("an ftp server was not skipped");
-        };
+        let skipped = skipped_as(crate::config::SecretFormat::Kubeconfig, &provider).await;
         assert_eq!(skipped.field, "data.kubeconfig", "{skipped}");
         assert!(skipped.message.contains("its server"), "{skipped}");
         assert!(!skipped.to_string().contains(token), "{skipped}");
