@@ -315,20 +315,17 @@ struct ArgoTls {
 /// The kubeconfig an Argo CD cluster Secret describes.
 fn argocd(name: &str, data: &BTreeMap<String, ByteString>) -> Result<Kubeconfig, Skipped> {
     let server = text(data, "server")?;
-    let config: ArgoConfig = match value(data, "config") {
-        Err(err) => return Err(err),
-        Ok(bytes) => serde_json::from_slice(bytes).map_err(|err| {
-            skipped(
-                "data.config",
-                format!(
-                    "is not Argo CD's cluster config JSON (at line {} column {}: {})",
-                    err.line(),
-                    err.column(),
-                    classify(&err)
-                ),
-            )
-        })?,
-    };
+    let config: ArgoConfig = serde_json::from_slice(value(data, "config")?).map_err(|err| {
+        skipped(
+            "data.config",
+            format!(
+                "is not Argo CD's cluster config JSON (at line {} column {}: {})",
+                err.line(),
+                err.column(),
+                classify(&err)
+            ),
+        )
+    })?;
     for (field, set) in [
         ("awsAuthConfig", config.aws_auth_config.is_some()),
         ("execProviderConfig", config.exec_provider_config.is_some()),
