@@ -447,7 +447,9 @@ async fn events_on_tethers_pod_show_its_leadership_and_each_cycles_end() {
         tether
             .metric("tether_events_total{result=\"failed\"}")
             .await,
-        Some(0.0)
+        Some(0.0),
+        "{}",
+        tether.logs()
     );
 
     tether.signal("TERM");
