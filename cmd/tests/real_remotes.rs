@@ -344,6 +344,17 @@ async fn three_real_remotes_sync_and_a_lost_optional_one_restarts_alone() {
     }
 }
 
+/// The notes of the `RemoteLost` Events among `events`, sorted.
+fn lost_notes(events: &[(String, String, String)]) -> Vec<String> {
+    let mut notes: Vec<String> = events
+        .iter()
+        .filter(|(r, _, _)| r == "RemoteLost")
+        .map(|(_, _, note)| note.clone())
+        .collect();
+    notes.sort();
+    notes
+}
+
 /// tether in a Pod (the downward API's `POD_NAME` and `POD_NAMESPACE`)
 /// records Events on it in the home cluster, where the operator looks
 /// first: its leadership, each cycle's end with its cause, and at a clean
@@ -411,15 +422,6 @@ async fn events_on_tethers_pod_show_its_leadership_and_each_cycles_end() {
             v == 2.0
         })
         .await;
-    let lost_notes = |events: &[(String, String, String)]| -> Vec<String> {
-        let mut notes: Vec<String> = events
-            .iter()
-            .filter(|(r, _, _)| r == "RemoteLost")
-            .map(|(_, _, note)| note.clone())
-            .collect();
-        notes.sort();
-        notes
-    };
     let every = Duration::from_millis(200);
     let lost = common::poll(common::DEADLINE, every, async || {
         Some(lost_notes(&common::pod_events(&home, pod))).filter(|notes| notes.len() >= 2)
