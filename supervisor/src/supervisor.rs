@@ -169,8 +169,24 @@ async fn closed(gate: Option<&mut watch::Receiver<bool>>) {
     }
 }
 
-/// Every source of remote signals, merged.
-type Signals = Fuse<SelectAll<BoxStream<'static, RemoteSignal>>>;
+/// What reaches the loop from outside, besides the gate: a remote's
+/// reachability, or the end of the running cycle for a cause the caller
+/// names (its plan changed).
+#[derive(Debug)]
+enum Input {
+    Signal(RemoteSignal),
+    End(Cause),
+}
+
+/// Every source of inputs, merged.
+type Signals = Fuse<SelectAll<BoxStream<'static, Input>>>;
+
+/// The gate cycles are built behind, and the cause that ends a cycle when it
+/// closes.
+struct Gate {
+    open: watch::Receiver<bool>,
+    closed: Box<dyn Fn() -> Cause + Send + Sync>,
+}
 
 /// Builds a manager once per cycle and rebuilds it, with backoff, whenever a
 /// cycle ends, until the root token is cancelled.
@@ -178,8 +194,8 @@ pub struct Supervisor<F> {
     factory: F,
     config: SupervisorConfig,
     state: Arc<State>,
-    signals: Vec<BoxStream<'static, RemoteSignal>>,
-    gate: Option<watch::Receiver<bool>>,
+    signals: Vec<BoxStream<'static, Input>>,
+    gate: Option<Gate>,
 }
 
 impl<F> std::fmt::Debug for Supervisor<F> {
@@ -224,8 +240,24 @@ impl<F: ManagerFactory> Supervisor<F> {
     /// phase is `Standby`). When it turns `false` during a cycle, the cycle
     /// ends with `leadership_lost` at once, whatever the manager does.
     #[must_use]
-    pub fn build_while(mut self, gate: watch::Receiver<bool>) -> Self {
-        self.gate = Some(gate);
+    pub fn build_while(self, gate: watch::Receiver<bool>) -> Self {
+        self.build_while_ending_with(gate, || Cause::LeadershipLost)
+    }
+
+    /// As [`build_while`](Self::build_while), but a cycle the gate ends gets
+    /// the cause `closed` gives when it closes, rather than
+    /// `leadership_lost`: a replica whose share of the remotes went to none
+    /// ends its cycle with `shard_changed`.
+    #[must_use]
+    pub fn build_while_ending_with(
+        mut self,
+        gate: watch::Receiver<bool>,
+        closed: impl Fn() -> Cause + Send + Sync + 'static,
+    ) -> Self {
+        self.gate = Some(Gate {
+            open: gate,
+            closed: Box::new(closed),
+        });
         self
     }
 
@@ -254,7 +286,24 @@ impl<F: ManagerFactory> Supervisor<F> {
         mut self,
         signals: impl Stream<Item = RemoteSignal> + Send + 'static,
     ) -> Self {
-        self.signals.push(signals.boxed());
+        self.signals.push(signals.map(Input::Signal).boxed());
+        self
+    }
+
+    /// Ends the running cycle with each cause `ends` yields: what the
+    /// manager should run changed (`config_changed`, `shard_changed`).
+    ///
+    /// As with [`end_cycles_on`](Self::end_cycles_on), a cause that arrives
+    /// between cycles is dropped: the next cycle is built from what is
+    /// current then. So the stream's source must make the change visible
+    /// to the factory before it yields the cause. A cycle that already
+    /// ends keeps its first cause; one that waits for lost remotes ends
+    /// without starting its manager.
+    ///
+    /// May be called more than once; the sources are merged.
+    #[must_use]
+    pub fn end_cycles_with(mut self, ends: impl Stream<Item = Cause> + Send + 'static) -> Self {
+        self.signals.push(ends.map(Input::End).boxed());
         self
     }
 
@@ -304,7 +353,7 @@ struct Looper<F> {
     factory: F,
     config: SupervisorConfig,
     state: Arc<State>,
-    gate: Option<watch::Receiver<bool>>,
+    gate: Option<Gate>,
 }
 
 impl<F: ManagerFactory> Looper<F> {
@@ -317,9 +366,8 @@ impl<F: ManagerFactory> Looper<F> {
                 break;
             }
             // What was signalled before this cycle is not news to it.
-            while let Some(Some(signal)) = signals.next().now_or_never() {
-                track(&mut lost, &signal);
-                debug!(%signal, "signal between cycles; dropped");
+            while let Some(Some(input)) = signals.next().now_or_never() {
+                between_cycles(&mut lost, &input);
             }
             let cycle = CycleToken::with_state(number, root, Some(Arc::clone(&self.state)));
             let started = Instant::now();
@@ -365,10 +413,7 @@ impl<F: ManagerFactory> Looper<F> {
                         tokio::select! {
                             () = &mut sleep => return true,
                             () = root.cancelled() => return false,
-                            Some(signal) = signals.next() => {
-                                track(&mut lost, &signal);
-                                debug!(%signal, "signal between cycles; dropped");
-                            }
+                            Some(input) = signals.next() => between_cycles(&mut lost, &input),
                         }
                     }
                 })
@@ -388,7 +433,7 @@ impl<F: ManagerFactory> Looper<F> {
         let Some(gate) = &self.gate else {
             return true;
         };
-        let mut gate = gate.clone();
+        let mut gate = gate.open.clone();
         if *gate.borrow_and_update() {
             return true;
         }
@@ -437,7 +482,7 @@ impl<F: ManagerFactory> Looper<F> {
         lost: &mut BTreeSet<String>,
     ) -> CycleEnd {
         let mut run = pin!(AssertUnwindSafe(self.factory.run(cycle.clone())).catch_unwind());
-        let mut gate = self.gate.clone();
+        let mut gate = self.gate.as_ref().map(|g| g.open.clone());
         let mut waiting = self.awaited(cycle, lost);
         if !waiting.is_empty() {
             info!(remotes = %waiting.join(","), "waiting for lost remotes before starting the manager");
@@ -451,13 +496,16 @@ impl<F: ManagerFactory> Looper<F> {
                         out = &mut run, if waiting.is_empty() => return Finished::Returned(out),
                         () = root.cancelled() => return Finished::Root,
                         () = cycle.cancelled(), if !waiting.is_empty() => return Finished::NeverStarted,
-                        () = closed(gate.as_mut()) => {
-                            if cycle.cancel(Cause::LeadershipLost) {
-                                warn!("leadership lost: ending the cycle");
-                            }
-                            gate = None;
-                        }
-                        Some(signal) = signals.next() => {
+                        // Before the gate: a plan change the caller made
+                        // together with closing it names the cause.
+                        Some(input) = signals.next() => {
+                            let signal = match input {
+                                Input::End(cause) => {
+                                    end(cycle, cause);
+                                    continue;
+                                }
+                                Input::Signal(signal) => signal,
+                            };
                             track(lost, &signal);
                             if waiting.is_empty() {
                                 self.on_signal(cycle, signal);
@@ -468,6 +516,14 @@ impl<F: ManagerFactory> Looper<F> {
                                     info!(%signal, "no remote is lost: starting the manager");
                                 }
                             }
+                        }
+                        () = closed(gate.as_mut()) => {
+                            if let Some(cause) = self.gate.as_ref().map(|g| (g.closed)())
+                                && cycle.cancel(cause.clone())
+                            {
+                                warn!(%cause, "the gate closed: ending the cycle");
+                            }
+                            gate = None;
                         }
                     }
                 }
@@ -593,6 +649,30 @@ enum Finished<T> {
     Root,
     /// The cycle ended while it waited for lost remotes: no manager ran.
     NeverStarted,
+}
+
+/// Ends the running `cycle` for `cause`, from outside.
+fn end(cycle: &CycleToken, cause: Cause) {
+    let words = cause.in_words();
+    let kind = cause.kind();
+    if cycle.cancel(cause) {
+        info!(cause = %kind, "{words}: ending the cycle");
+    } else {
+        debug!(cause = %kind, "{words}, while the cycle ends; dropped");
+    }
+}
+
+/// An input that arrives between cycles: a signal counts toward which
+/// remotes are lost; an end is dropped, since the next cycle is built from
+/// what is current then.
+fn between_cycles(lost: &mut BTreeSet<String>, input: &Input) {
+    match input {
+        Input::Signal(signal) => {
+            track(lost, signal);
+            debug!(%signal, "signal between cycles; dropped");
+        }
+        Input::End(cause) => debug!(%cause, "a cycle end between cycles; dropped"),
+    }
 }
 
 /// Keeps `lost` as the signals say.

@@ -85,3 +85,77 @@ async fn cycles_run_only_while_the_gate_is_open_and_its_closing_ends_one() {
     root.cancel();
     assert_eq!(run.await.expect("joins"), ShutdownOutcome::Clean);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_gate_built_with_its_own_cause_ends_a_cycle_with_that_cause() {
+    let (cycles_tx, mut cycles) = mpsc::unbounded_channel();
+    let (gate_tx, gate) = watch::channel(true);
+    let supervisor = Supervisor::new(
+        Reporting(cycles_tx),
+        SupervisorConfig::default(),
+        &Registry::new(),
+    )
+    .expect("valid")
+    .build_while_ending_with(gate, || Cause::ShardChanged {
+        taken: 0,
+        given_up: 3,
+    });
+    let root = CancellationToken::new();
+    let run = tokio::spawn(supervisor.run(root.clone()));
+    let first = timeout(DEADLOCK, cycles.recv())
+        .await
+        .expect("built")
+        .expect("a cycle");
+    gate_tx.send_replace(false);
+    timeout(DEADLOCK, first.cancelled())
+        .await
+        .expect("the closing ends the cycle");
+    assert_eq!(
+        first.cause(),
+        Some(&Cause::ShardChanged {
+            taken: 0,
+            given_up: 3
+        })
+    );
+    root.cancel();
+    assert_eq!(run.await.expect("joins"), ShutdownOutcome::Clean);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_plan_change_sent_with_the_gates_closing_names_the_cause() {
+    let (cycles_tx, mut cycles) = mpsc::unbounded_channel();
+    let (gate_tx, gate) = watch::channel(true);
+    let (ends_tx, ends) = mpsc::unbounded_channel();
+    let supervisor = Supervisor::new(
+        Reporting(cycles_tx),
+        SupervisorConfig::default(),
+        &Registry::new(),
+    )
+    .expect("valid")
+    .build_while(gate)
+    .end_cycles_with(tokio_stream_of(ends));
+    let root = CancellationToken::new();
+    let run = tokio::spawn(supervisor.run(root.clone()));
+    let first = timeout(DEADLOCK, cycles.recv())
+        .await
+        .expect("built")
+        .expect("a cycle");
+    // Both at once, before the loop runs again: the change is taken first.
+    let cause = Cause::ShardChanged {
+        taken: 0,
+        given_up: 2,
+    };
+    ends_tx.send(cause.clone()).expect("the loop listens");
+    gate_tx.send_replace(false);
+    timeout(DEADLOCK, first.cancelled()).await.expect("ended");
+    assert_eq!(first.cause(), Some(&cause));
+    root.cancel();
+    assert_eq!(run.await.expect("joins"), ShutdownOutcome::Clean);
+}
+
+/// The receiver as a stream.
+fn tokio_stream_of<T: Send + 'static>(
+    mut rx: mpsc::UnboundedReceiver<T>,
+) -> impl futures_util::Stream<Item = T> + Send + 'static {
+    futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
