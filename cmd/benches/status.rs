@@ -46,6 +46,7 @@ async fn main() {
             )
             .into(),
             files: Vec::new(),
+            generation: 0,
         })
         .collect();
     probes.sync(&remote::probed(&remotes)).expect("sync");
@@ -77,7 +78,7 @@ async fn main() {
                 discovery: None,
             }),
             probes: probes.handle(),
-            manager: Arc::new(tether::managers::Handle::Watch(manager_handle)),
+            manager: Arc::new(manager_handle),
         },
         Heartbeats {
             probes: probe.interval,

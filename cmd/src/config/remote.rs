@@ -31,6 +31,18 @@ pub struct ResolvedRemote {
     /// The files its settings were read from, as they were then: watched,
     /// so that a rotation rebuilds its client.
     pub files: Vec<SourceFile>,
+    /// Which reading of its settings the manager's clients would hold:
+    /// new ([`next_generation`]) each time they are read anew, kept when
+    /// only a token file rotated, since clients re-read that themselves. A
+    /// running cycle ends when a remote it runs gets a new generation.
+    pub generation: u64,
+}
+
+/// A generation no remote had before.
+#[must_use]
+pub fn next_generation() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 impl std::fmt::Debug for ResolvedRemote {
@@ -147,7 +159,8 @@ async fn from_kubeconfig(
     }
     // kube reads these files itself, and its errors do not name them.
     for (role, file) in named_files(&kubeconfig, context) {
-        super::readable_file(Path::new(file)).map_err(|reason| {
+        super::readable_file(Path::new(file)).map_err(|err| {
+            let reason = tether_supervisor::error_chain(&err);
             (
                 ".kubeconfig",
                 format!("{}: its {}: {reason}", path.display(), role.as_str()),
@@ -349,6 +362,7 @@ pub async fn resolve_one(
             source: spec.source.clone(),
             config: Arc::new(kube_config),
             files,
+            generation: next_generation(),
         })
         .map_err(|(field, message)| {
             ConfigError::new(&config.label(), format!("remotes[{index}]{field}"), message)
@@ -393,6 +407,7 @@ pub async fn discovered(
         source: RemoteSource::Secret(secret),
         config: Arc::new(config),
         files: Vec::new(),
+        generation: next_generation(),
     })
 }
 

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use prometheus::IntCounterVec;
-use tether_probes::{ProbeSet, ProbeSetHandle};
+use tether_probes::ProbeSetHandle;
 use tether_supervisor::{BoxError, ShutdownOutcome, Supervisor, SupervisorHandle};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::task::JoinHandle;
@@ -27,16 +27,18 @@ use tracing::{error, info};
 
 use crate::admin::{self, Admin};
 use crate::config::remote::{self, ResolvedRemote};
-use crate::config::{Config, ConfigError, Plan};
+use crate::config::{Config, ConfigError};
+use crate::desired::{self, Planner, Statics};
 use crate::discovery::{self, Discovery};
 use crate::lease::election::{Election, ElectionHandle};
+use crate::lease::shard::Sharding;
 use crate::managers;
 
 pub use self::parts::Parts;
 use self::reload::{CONFIG_POLL, sweep_every};
 pub use self::wiring::preflight;
 use self::wiring::{
-    EventsRunning, Recheck, Sharded, exec_command, gated, listen, new_admin, new_probes,
+    EventsRunning, Followers, Recheck, Sharded, exec_command, gated, listen, new_admin, new_probes,
     new_registry, new_sharding, rechecks, run_election, setup, start_election, start_events,
 };
 
@@ -82,21 +84,24 @@ pub struct Daemon {
     /// What the admin server shows: `/status` as a value.
     pub admin: Arc<Admin>,
     config: Config,
-    probe_set: ProbeSet,
+    /// Every configured remote, resolved, in config order, as the daemon
+    /// last read them; the planner is handed each new reading.
+    resolved: Vec<ResolvedRemote>,
+    statics: tokio::sync::watch::Sender<Statics>,
+    /// What the planner publishes.
+    desired: tokio::sync::watch::Receiver<Arc<desired::Desired>>,
     root: CancellationToken,
     draining: Arc<AtomicBool>,
     reloads: IntCounterVec,
     run: JoinHandle<ShutdownOutcome>,
     admin_stop: CancellationToken,
+    /// The planner, the probes' follower and the sharding's: stopped after
+    /// the supervisor.
+    followers: Followers,
     /// The election's task, its stop, and the election, for the release.
     elected: Option<(Arc<Election>, CancellationToken, JoinHandle<()>)>,
-    /// Every configured remote, resolved, in config order; with sharding,
-    /// the manager and the probes get the ones this replica holds.
-    resolved: Vec<ResolvedRemote>,
     /// The home cluster's Secrets, read for remotes, when discovery is on.
     discovery: Option<Arc<Discovery>>,
-    /// The remotes discovery gives, after the static ones.
-    discovered: Vec<ResolvedRemote>,
     /// The sharding, when on.
     sharded: Option<Sharded>,
     /// Probes asking to have their remotes' files re-read (a TLS failure or
@@ -120,18 +125,24 @@ impl Daemon {
         let (listener, admin_address) = listen(config.admin_address)?;
 
         let (registry, reloads) = new_registry()?;
-        let (discovery, discovered) = start_discovery(&config, &registry, &remotes).await?;
-        let all: Vec<ResolvedRemote> = remotes.iter().chain(&discovered).cloned().collect();
-
+        let discovery = start_discovery(&config, &registry).await?;
         // With sharding, this replica runs only what it holds: nothing
         // until its first round among the members.
-        let (sharding, shard, running) = new_sharding(&config, &registry, &all).await?;
-        let holds_any = !running.is_empty();
-        let targets = probe_targets(&running, discovery.as_deref());
-        let probe_set = new_probes(&config, &registry, &targets)?;
+        let sharding = new_sharding(&config, &registry).await?;
+        let shard = sharding.as_ref().map(Sharding::handle);
+        let (statics, statics_rx) = tokio::sync::watch::channel(Statics {
+            config: Arc::new(config.clone()),
+            remotes: remotes.clone(),
+            reading: 0,
+        });
+        let (planner, desired) = Planner::new(statics_rx, discovery.clone(), shard.clone());
+        let discovered = desired.borrow().keys.len().saturating_sub(remotes.len());
+
+        let probe_set = new_probes(&config, &registry, &desired.borrow().probes)?;
         let probes = probe_set.handle();
+        let rechecks = rechecks(&probe_set);
         let (manager, manager_handle) = managers::build(
-            Plan::new(&config, running),
+            desired.clone(),
             &registry,
             &probes,
             config.probe.detection_bound(),
@@ -141,13 +152,9 @@ impl Daemon {
         let election_handle = election.as_ref().map(|e| e.handle());
         let supervisor = Supervisor::new(manager, config.supervisor, &registry)
             .map_err(setup("supervisor"))?
-            .end_cycles_on(probes.signals());
-        let (supervisor, shard_gate) = gated(
-            supervisor,
-            election_handle.as_ref(),
-            shard.is_some(),
-            holds_any,
-        );
+            .end_cycles_on(probes.signals())
+            .end_cycles_with(desired::cycle_ends(desired.clone()));
+        let supervisor = gated(supervisor, election_handle.as_ref(), shard.as_ref());
         let supervisor_handle = supervisor.handle();
         let draining = Arc::new(AtomicBool::new(false));
         let parts = Parts {
@@ -160,18 +167,7 @@ impl Daemon {
         let admin = new_admin(&config, &registry, parts, &probes, &manager_handle)?;
 
         let root = CancellationToken::new();
-        let admin_stop = CancellationToken::new();
-        let admin = Arc::new(admin);
-        tokio::spawn(admin::serve(
-            listener,
-            Arc::clone(&admin),
-            admin_stop.clone(),
-        ));
-        let run = tokio::spawn(supervisor.run(root.clone()));
-        let elected = election.map(run_election);
-        let sharded = sharding
-            .zip(shard)
-            .map(|(sharding, handle)| Sharded::run(sharding, handle, shard_gate));
+        let (admin, admin_stop) = serve_admin(listener, admin);
         let events = start_events(&config, &registry)
             .await
             .map(|(events, publisher)| {
@@ -182,10 +178,21 @@ impl Daemon {
                     election_handle.as_ref(),
                 )
             });
+        let followers = Followers::spawn(
+            planner,
+            probe_set,
+            manager_handle.clone(),
+            &desired,
+            shard,
+            events.as_ref().map(|e| e.events.clone()),
+        );
+        let run = tokio::spawn(supervisor.run(root.clone()));
+        let elected = election.map(run_election);
+        let sharded = sharding.map(Sharded::run);
         info!(
             admin = %admin_address,
             remotes = config.remotes.len(),
-            discovered = discovered.len(),
+            discovered,
             config = %config.label(),
             "tether started"
         );
@@ -197,17 +204,18 @@ impl Daemon {
             admin_address,
             admin,
             config,
-            rechecks: Some(rechecks(&probe_set)),
-            probe_set,
+            resolved: remotes,
+            statics,
+            desired,
+            rechecks: Some(rechecks),
             root,
             draining,
             reloads,
             run,
             admin_stop,
+            followers,
             elected,
-            resolved: remotes,
             discovery,
-            discovered,
             sharded,
             events,
         })
@@ -232,6 +240,7 @@ impl Daemon {
                 ShutdownOutcome::GraceExceeded
             }
         };
+        self.followers.stop().await;
         // The manager has stopped: the remotes are let go, and the sharding
         // releases this replica's Lease so the others take them at once.
         if let Some(Sharded {
@@ -270,12 +279,6 @@ impl Daemon {
         } = signals;
         let mut poll = tokio::time::interval(CONFIG_POLL);
         let mut next_sweep = tokio::time::Instant::now();
-        // Without sharding, or discovery, receivers that never change.
-        let (_never, idle) = tokio::sync::watch::channel(std::collections::BTreeSet::new());
-        let (_quiet, silent) = tokio::sync::watch::channel(0);
-        // A change made before this loop began is seen at its first turn.
-        let mut holding = self.sharded.as_ref().map_or(idle, |s| s.handle.holding());
-        let mut discovered = self.discovery.as_ref().map_or(silent, |d| d.changes());
         let mut seen = self
             .config
             .file
@@ -295,8 +298,6 @@ impl Daemon {
                     self.reload().await;
                     seen = self.config.file.as_ref().and_then(|f| std::fs::read(f).ok());
                 }
-                Ok(()) = holding.changed() => self.apply_holding(),
-                Ok(()) = discovered.changed() => self.apply_discovered(),
                 Some((names, done)) = rechecks.recv() => {
                     self.refresh_remotes(Some(&names)).await;
                     let _ = done.send(());
@@ -335,16 +336,22 @@ impl Daemon {
     }
 }
 
-/// Discovery, when the config has sources: its reflectors started, their
-/// first lists waited for (at most [`discovery::FIRST_LIST_WAIT`]), and
-/// the remotes they give beside the static `remotes`.
+/// Serves `admin` on `listener` until the token returned is cancelled.
+fn serve_admin(listener: admin::Listener, admin: Admin) -> (Arc<Admin>, CancellationToken) {
+    let admin = Arc::new(admin);
+    let stop = CancellationToken::new();
+    tokio::spawn(admin::serve(listener, Arc::clone(&admin), stop.clone()));
+    (admin, stop)
+}
+
+/// Discovery, when the config has sources: its reflectors started, and
+/// their first lists waited for (at most [`discovery::FIRST_LIST_WAIT`]).
 async fn start_discovery(
     config: &Config,
     registry: &prometheus::Registry,
-    remotes: &[ResolvedRemote],
-) -> Result<(Option<Arc<Discovery>>, Vec<ResolvedRemote>), StartError> {
+) -> Result<Option<Arc<Discovery>>, StartError> {
     if config.discovery.is_empty() {
-        return Ok((None, Vec::new()));
+        return Ok(None);
     }
     let discovery = Discovery::start(&config.discovery, registry)
         .await
@@ -360,19 +367,7 @@ async fn start_discovery(
             },
         })?;
     discovery.first_lists(discovery::FIRST_LIST_WAIT).await;
-    let discovered = discovery.remotes(&remote::names(remotes));
-    Ok((Some(Arc::new(discovery)), discovered))
-}
-
-/// What the probes run: this replica's remotes, and the home cluster while
-/// discovery reads it.
-fn probe_targets(
-    running: &[ResolvedRemote],
-    discovery: Option<&Discovery>,
-) -> Vec<tether_probes::Remote> {
-    let mut probed = remote::probed(running);
-    probed.extend(discovery.map(Discovery::home));
-    probed
+    Ok(Some(Arc::new(discovery)))
 }
 
 /// The daemon's signal handlers: SIGTERM and SIGINT stop it, SIGHUP

@@ -7,12 +7,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use tether_supervisor::SupervisorHandle;
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use crate::admin::{
-    DiscoveryView, ElectionView, Role, ShardView, SkippedView, Snapshot, Snapshots, SourceView, ago,
+    CacheView, DiscoveryView, ElectionView, ManagerStatus, ProcessView, Role, ShardView,
+    SkippedView, Snapshot, Snapshots, SourceView, ago,
 };
 use crate::discovery::Discovery;
 use crate::lease::election::ElectionHandle;
 use crate::lease::shard::ShardHandle;
+use crate::managers::Handle;
+use crate::managers::exec::ProcessHandle;
+use crate::managers::watch::ManagerHandle;
 
 /// The parts of a running tether the admin server shows.
 #[derive(Debug, Clone)]
@@ -106,5 +112,72 @@ fn shard_view(shard: &ShardHandle) -> ShardView {
         joining_seconds: state.joining.map(|d| d.as_secs_f64()),
         twin: state.twin,
         last_error: state.last_error,
+    }
+}
+
+// The manager as the admin server reads it: the managers know nothing of
+// the admin server.
+impl ManagerStatus for Handle {
+    fn required(&self) -> BTreeSet<String> {
+        self.plan().required()
+    }
+
+    fn caches(&self) -> BTreeMap<(String, String), CacheView> {
+        self.watch()
+            .map_or_else(BTreeMap::new, ManagerStatus::caches)
+    }
+
+    fn process(&self) -> Option<ProcessView> {
+        self.exec().map(process_view)
+    }
+}
+
+/// The watch manager alone, as the admin server shows it: what its plan
+/// requires, and its caches.
+impl ManagerStatus for ManagerHandle {
+    fn required(&self) -> BTreeSet<String> {
+        self.plan().required()
+    }
+
+    fn caches(&self) -> BTreeMap<(String, String), CacheView> {
+        ManagerHandle::caches(self)
+            .into_iter()
+            .map(|(key, cache)| {
+                let view = CacheView {
+                    resource: key.1.clone(),
+                    synced: cache.synced,
+                    stale: cache.stale,
+                    failing_seconds_ago: ago(cache.failing_since),
+                    objects: cache.objects,
+                };
+                (key, view)
+            })
+            .collect()
+    }
+
+    fn process(&self) -> Option<ProcessView> {
+        None
+    }
+}
+
+/// The exec manager's process as the admin server shows it.
+fn process_view(process: &ProcessHandle) -> ProcessView {
+    let state = process.state();
+    let spec = process.spec();
+    let last = state.last_exit.as_ref();
+    ProcessView {
+        command: spec.command.clone(),
+        pid: state.pid,
+        cycle: state.cycle,
+        running_seconds: ago(state.started),
+        readiness_check: spec
+            .readiness
+            .as_ref()
+            .map(|r| format!("GET http://127.0.0.1:{}{}", r.port, r.path)),
+        last_exit: last.map(|e| e.how.to_string()),
+        last_exit_stopped: last.map(|e| e.stopped),
+        last_exit_cycle: last.map(|e| e.cycle),
+        last_exit_seconds_ago: ago(last.map(|e| e.at)),
+        spawn_error: state.spawn_error,
     }
 }

@@ -1,19 +1,19 @@
-//! Changes applied to the running daemon: a new config file, rotated
-//! remote files, and a new share of the remotes.
+//! A new config file and rotated remote files, read by the daemon and
+//! handed to the planner (`crate::desired`), which decides what they
+//! change. Nothing here ends a cycle or touches the probes or the manager.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tether_supervisor::Cause;
 use tracing::{error, info, warn};
 
-use super::wiring::{Sharded, held};
-use super::{Daemon, probe_targets};
-use crate::config::remote::{self, ResolvedRemote};
+use super::Daemon;
+use super::wiring::FOLLOW_WAIT;
+use crate::config::remote;
 use crate::config::sources::{self, Role};
-use crate::config::{Config, ConfigError, Plan};
-use crate::events::Reason;
+use crate::config::{Config, ConfigError};
+use crate::desired::Statics;
 
 /// How often the config file is checked for changes. ConfigMap mounts swap a
 /// symlink, which inotify on the file misses, so poll the content instead.
@@ -66,7 +66,15 @@ impl Daemon {
             ));
         }
         let mut remotes = remote::resolve(&next).await?;
-        for remote in &mut remotes {
+        for (index, remote) in remotes.iter_mut().enumerate() {
+            // What the probes will need of it: a server they can key.
+            tether_probes::Identity::of(&remote.config).map_err(|err| {
+                ConfigError::new(
+                    &next.label(),
+                    format!("remotes[{index}]"),
+                    tether_supervisor::error_chain(&err),
+                )
+            })?;
             let Some(old) = self.resolved.iter().find(|old| old.name == remote.name) else {
                 continue;
             };
@@ -80,23 +88,13 @@ impl Daemon {
                 // The same settings: its probe keeps its client and
                 // connection.
                 remote.config = Arc::clone(&old.config);
+                remote.generation = old.generation;
             } else if changed.is_empty() {
                 info!(remote = %remote.name, "its settings in the config changed; client rebuilt");
             } else {
                 info!(remote = %remote.name, "{} changed; client rebuilt", sources::shown(&changed));
             }
         }
-        // A static remote takes its name back from a discovered one.
-        if let Some(discovery) = &self.discovery {
-            self.discovered = discovery.remotes(&remote::names(&remotes));
-        }
-        self.sync_remotes(&remotes, &next).map_err(|err| {
-            ConfigError::new(
-                &next.label(),
-                "remotes",
-                tether_supervisor::error_chain(&err),
-            )
-        })?;
         for section in restart {
             warn!(
                 section,
@@ -104,95 +102,39 @@ impl Daemon {
             );
         }
         self.resolved = remotes;
-        let ended = self.supervisor.end_cycle(Cause::ConfigChanged);
         info!(
             remotes = next.remotes.len(),
             config = %next.label(),
-            "config reloaded and applied{}",
-            if ended { "; the cycle ends" } else { "; the next cycle runs it" }
+            "config reloaded and applied; the cycle ends, and the next one runs it"
         );
         self.config = next;
+        self.hand_over(true).await;
         Ok(())
     }
 
-    /// Probes, and plans for the manager's next cycle, the remotes of
-    /// `statics` and those discovered that this replica holds.
-    fn sync_remotes(
-        &self,
-        statics: &[ResolvedRemote],
-        config: &Config,
-    ) -> tether_probes::Result<()> {
-        let all = self.with_discovered(statics);
-        let shard = self.sharded.as_ref().map(|s| &s.handle);
-        if let Some(shard) = shard {
-            shard.set_remotes(remote::keys(&all));
-        }
-        let running = held(&all, shard);
-        self.probe_set
-            .sync(&probe_targets(&running, self.discovery.as_deref()))?;
-        self.manager.update(Plan::new(config, running));
-        Ok(())
-    }
-
-    /// `statics`, then the discovered remotes.
-    fn with_discovered(&self, statics: &[ResolvedRemote]) -> Vec<ResolvedRemote> {
-        statics.iter().chain(&self.discovered).cloned().collect()
-    }
-
-    /// Takes the discovered set anew after a Secret appeared, changed or
-    /// went, or a source's list or watch turned: probes for the new
-    /// remotes (the others' keep running), none for those gone, and, if
-    /// what this replica's manager runs changed, a new plan and the end of
-    /// the cycle (`config_changed`), as a reload does.
-    pub(super) fn apply_discovered(&mut self) {
-        let Some(discovery) = &self.discovery else {
-            return;
+    /// Hands the planner the remotes as now read; with `reloaded`, under
+    /// the config now in force (which ends the running cycle). Returns once
+    /// the probes and the manager follow the value that takes them in: the
+    /// series of a remote removed are gone.
+    async fn hand_over(&mut self, reloaded: bool) {
+        let config = if reloaded {
+            Arc::new(self.config.clone())
+        } else {
+            Arc::clone(&self.statics.borrow().config)
         };
-        let found = discovery.remotes(&remote::names(&self.resolved));
-        let same = |a: &ResolvedRemote, b: &ResolvedRemote| {
-            a.name == b.name && a.required == b.required && Arc::ptr_eq(&a.config, &b.config)
-        };
-        if found.len() == self.discovered.len()
-            && found.iter().zip(&self.discovered).all(|(a, b)| same(a, b))
-        {
-            return;
+        let reading = self.statics.borrow().reading + 1;
+        self.statics.send_replace(Statics {
+            config,
+            remotes: self.resolved.clone(),
+            reading,
+        });
+        let published =
+            tokio::time::timeout(FOLLOW_WAIT, self.desired.wait_for(|d| d.reading >= reading))
+                .await;
+        if let Ok(Ok(value)) = published {
+            let revision = value.revision;
+            self.followers.following(revision).await;
         }
-        let before: std::collections::BTreeMap<&str, &ResolvedRemote> = self
-            .discovered
-            .iter()
-            .map(|r| (r.name.as_str(), r))
-            .collect();
-        let added = found
-            .iter()
-            .filter(|r| !before.contains_key(r.name.as_str()))
-            .count();
-        let rebuilt = found
-            .iter()
-            .filter(|r| before.get(r.name.as_str()).is_some_and(|b| !same(r, b)))
-            .count();
-        let removed = before.len() + added - found.len();
-        let planned = self.manager.plan();
-        self.discovered = found;
-        if let Err(err) = self.sync_remotes(&self.resolved, &self.config) {
-            error!(error = %err, "applying the discovered remotes failed; the probes keep what they had");
-            return;
-        }
-        let now = self.manager.plan();
-        let runs_the_same = planned.remotes.len() == now.remotes.len()
-            && planned
-                .remotes
-                .iter()
-                .zip(&now.remotes)
-                .all(|(a, b)| same(a, b));
-        let ended = !runs_the_same && self.supervisor.end_cycle(Cause::ConfigChanged);
-        info!(
-            added,
-            removed,
-            rebuilt,
-            discovered = self.discovered.len(),
-            "the discovered remotes changed{}",
-            if ended { "; the cycle ends" } else { "" }
-        );
     }
 
     /// Re-reads the files of the remotes named (every remote, with `None`)
@@ -200,12 +142,12 @@ impl Daemon {
     /// now, the manager's in the next cycle. Other remotes keep theirs.
     ///
     /// A token file alone leaves the cycle running: the manager's clients
-    /// re-read it by themselves, as client-go does. Any other file ends the
-    /// cycle (`config_changed`): its clients hold the old CA, certificate or
-    /// kubeconfig. A change that does not load is logged once, and the
-    /// remote keeps its last good settings.
+    /// re-read it by themselves, as client-go does, so the remote keeps its
+    /// generation. Any other file ends the cycle (`config_changed`): its
+    /// clients hold the old CA, certificate or kubeconfig. A change that
+    /// does not load is logged once, and the remote keeps its last good
+    /// settings.
     pub(super) async fn refresh_remotes(&mut self, only: Option<&[String]>) {
-        let mut ends_cycle = false;
         let mut rebuilt = 0;
         for (index, roles) in self.changed_files(only).await {
             let Some(spec) = self.config.remotes.get(index) else {
@@ -213,10 +155,12 @@ impl Daemon {
             };
             let what = sources::shown(&roles);
             match remote::resolve_one(&self.config, index, spec).await {
-                Ok(fresh) => {
+                Ok(mut fresh) => {
                     info!(remote = %spec.name, "{what} changed; client rebuilt");
+                    if roles.iter().all(|r| *r == Role::TokenFile) {
+                        fresh.generation = self.resolved[index].generation;
+                    }
                     self.resolved[index] = fresh;
-                    ends_cycle |= roles.iter().any(|r| *r != Role::TokenFile);
                     rebuilt += 1;
                 }
                 Err(err) => {
@@ -224,20 +168,8 @@ impl Daemon {
                 }
             }
         }
-        if rebuilt == 0 {
-            return;
-        }
-        if let Err(err) = self.sync_remotes(&self.resolved, &self.config) {
-            // The same names and URLs as before: this cannot fail, but if it
-            // did, the probes keep what they had.
-            error!(error = %err, "applying the rebuilt clients failed");
-            return;
-        }
-        if ends_cycle && self.supervisor.end_cycle(Cause::ConfigChanged) {
-            info!(
-                rebuilt,
-                "the cycle ends, so that the manager's clients use the new files"
-            );
+        if rebuilt > 0 {
+            self.hand_over(false).await;
         }
     }
 
@@ -276,75 +208,6 @@ impl Daemon {
                 Vec::new()
             }
         }
-    }
-
-    /// Runs what the sharding now lets this replica hold: the probes and
-    /// the manager's plan follow, and the running cycle ends
-    /// (`shard_changed`). Once that cycle's manager has returned, the
-    /// sharding hears the remotes given up are let go.
-    pub(super) fn apply_holding(&mut self) {
-        let Some(Sharded {
-            handle: shard,
-            gate,
-            ..
-        }) = &self.sharded
-        else {
-            return;
-        };
-        let running = held(&self.with_discovered(&self.resolved), Some(shard));
-        let before = remote::names(&self.manager.plan().remotes);
-        let now: std::collections::BTreeSet<String> =
-            running.iter().map(|r| r.name.clone()).collect();
-        if now == before {
-            shard.applied(now);
-            return;
-        }
-        if let Err(err) = self
-            .probe_set
-            .sync(&probe_targets(&running, self.discovery.as_deref()))
-        {
-            // The remotes were resolved and synced before; a subset cannot
-            // fail, but if it did, the old set stays probed.
-            error!(error = %err, "applying this replica's share failed");
-            return;
-        }
-        self.manager.update(Plan::new(&self.config, running));
-        let cycle = self.supervisor.status().cycle;
-        let ended = self.supervisor.end_cycle(Cause::ShardChanged {
-            taken: now.difference(&before).count(),
-            given_up: before.difference(&now).count(),
-        });
-        // After the cause is recorded: a gate closing mid-cycle would end it
-        // as `leadership_lost`.
-        gate.send_replace(!now.is_empty());
-        info!(
-            holds = now.len(),
-            taken = now.difference(&before).count(),
-            given_up = before.difference(&now).count(),
-            "this replica's remotes changed"
-        );
-        if let Some(events) = &self.events {
-            events.events.record(
-                Reason::ShardChanged,
-                &format!(
-                    "this replica now holds {} remote(s): took {}, gave up {}",
-                    now.len(),
-                    now.difference(&before).count(),
-                    before.difference(&now).count()
-                ),
-            );
-        }
-        let supervisor = self.supervisor.clone();
-        let shard = shard.clone();
-        tokio::spawn(async move {
-            // The cycle that ran the old set ends when its manager returns
-            // (within the shutdown grace); then nothing runs the remotes
-            // given up.
-            if ended {
-                supervisor.ended(cycle).await;
-            }
-            shard.applied(now);
-        });
     }
 }
 

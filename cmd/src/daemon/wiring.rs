@@ -1,21 +1,23 @@
 //! The pieces `Daemon::start` wires, and the checks it makes first.
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus::{IntCounterVec, Opts, Registry};
 use tether_probes::{ProbeSet, ProbeSetHandle};
-use tether_supervisor::{BoxError, Supervisor, SupervisorHandle};
+use tether_supervisor::{BoxError, Cause, Supervisor, SupervisorHandle};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use super::{Parts, StartError};
 use crate::admin::{self, Admin, Heartbeats, Sources};
-use crate::config::remote::ResolvedRemote;
 use crate::config::{Config, ConfigError};
-use crate::events::{Events, Publisher};
+use crate::desired::{self, Desired, Planner};
+use crate::events::{Events, Publisher, Reason};
 use crate::lease::election::{self, Election, ElectionHandle};
 use crate::lease::shard::{ShardHandle, Sharding};
 use crate::managers::{self, exec};
@@ -118,24 +120,147 @@ pub(super) struct Sharded {
     pub(super) handle: ShardHandle,
     pub(super) stop: CancellationToken,
     pub(super) task: JoinHandle<()>,
-    /// The supervisor's gate: open while this replica holds a remote. A
-    /// replica with no share runs no manager (an exec child included) and
-    /// stands by.
-    pub(super) gate: tokio::sync::watch::Sender<bool>,
 }
 
 impl Sharded {
-    pub(super) fn run(
-        sharding: Sharding,
-        handle: ShardHandle,
-        gate: tokio::sync::watch::Sender<bool>,
-    ) -> Self {
+    pub(super) fn run(sharding: Sharding) -> Self {
+        let handle = sharding.handle();
         let (stop, task) = spawn_until(|stop| sharding.run(stop));
+        Self { handle, stop, task }
+    }
+}
+
+/// The tasks that follow the published [`Desired`] value: the planner that
+/// publishes it, the probes, and, with sharding, the one that lets the
+/// sharding know what nothing runs any more.
+#[derive(Debug)]
+pub(super) struct Followers {
+    stop: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+    /// The revisions the probes and the manager follow.
+    probes: watch::Receiver<u64>,
+    manager: watch::Receiver<u64>,
+}
+
+impl Followers {
+    pub(super) fn spawn(
+        planner: Planner,
+        probes: ProbeSet,
+        manager: managers::Handle,
+        desired: &watch::Receiver<Arc<Desired>>,
+        sharded: Option<ShardHandle>,
+        events: Option<Events>,
+    ) -> Self {
+        let stop = CancellationToken::new();
+        let (probes_at, probes_follow) = watch::channel(0);
+        let (manager_at, manager_follows) = watch::channel(0);
+        let running = manager.running();
+        let mut tasks = vec![
+            tokio::spawn(planner.run(stop.clone())),
+            tokio::spawn(desired::follow(
+                desired.clone(),
+                move |d| desired::probe(&probes, d),
+                probes_at,
+                stop.clone(),
+            )),
+            tokio::spawn(desired::follow(
+                desired.clone(),
+                move |d| manager.follow(d),
+                manager_at,
+                stop.clone(),
+            )),
+        ];
+        if let Some(shard) = sharded {
+            tasks.push(tokio::spawn(let_go(
+                desired.clone(),
+                probes_follow.clone(),
+                running,
+                shard,
+                events,
+                stop.clone(),
+            )));
+        }
         Self {
-            handle,
             stop,
-            task,
-            gate,
+            tasks,
+            probes: probes_follow,
+            manager: manager_follows,
+        }
+    }
+
+    /// Waits until the probes and the manager follow `revision` or a later
+    /// one: at most [`FOLLOW_WAIT`], as they do no I/O to get there.
+    pub(super) async fn following(&self, revision: u64) {
+        let (mut probes, mut manager) = (self.probes.clone(), self.manager.clone());
+        let both = async {
+            let _ = probes.wait_for(|at| *at >= revision).await;
+            let _ = manager.wait_for(|at| *at >= revision).await;
+        };
+        if tokio::time::timeout(FOLLOW_WAIT, both).await.is_err() {
+            warn!(
+                revision,
+                "the probes or the manager did not take in the new remotes within {FOLLOW_WAIT:?}"
+            );
+        }
+    }
+
+    pub(super) async fn stop(self) {
+        self.stop.cancel();
+        for task in self.tasks {
+            let _ = task.await;
+        }
+    }
+}
+
+/// How long a reload waits for the probes and the manager to take it in.
+pub(super) const FOLLOW_WAIT: Duration = Duration::from_secs(5);
+
+/// Tells the sharding, for each share published, once nothing runs the
+/// remotes outside it: the probes follow that value (`synced`), and the
+/// running cycle's plan has none of the others (`running`, which the
+/// supervisor empties when it ends that cycle for the change). Records a
+/// change of what this replica runs as an Event on its Pod.
+async fn let_go(
+    mut desired: watch::Receiver<Arc<Desired>>,
+    mut synced: watch::Receiver<u64>,
+    mut running: watch::Receiver<BTreeSet<String>>,
+    shard: ShardHandle,
+    events: Option<Events>,
+    stop: CancellationToken,
+) {
+    let mut runs = desired.borrow().running();
+    loop {
+        let now = Arc::clone(&desired.borrow_and_update());
+        let will = now.running();
+        if will != runs {
+            if let Some(events) = &events {
+                events.record(
+                    Reason::ShardChanged,
+                    &format!(
+                        "this replica now holds {} remote(s): took {}, gave up {}",
+                        will.len(),
+                        will.difference(&runs).count(),
+                        runs.difference(&will).count()
+                    ),
+                );
+            }
+            runs.clone_from(&will);
+        }
+        let held = now.share.clone().unwrap_or_default();
+        let settled = async {
+            let _ = synced.wait_for(|synced| *synced >= now.revision).await;
+            let _ = running.wait_for(|running| running.is_subset(&held)).await;
+        };
+        tokio::select! {
+            () = stop.cancelled() => return,
+            changed = desired.changed() => if changed.is_err() { return },
+            () = settled => {
+                shard.applied(held);
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    changed = desired.changed() => if changed.is_err() { return },
+                }
+            }
         }
     }
 }
@@ -160,24 +285,23 @@ pub(super) fn listen(addr: SocketAddr) -> Result<(admin::Listener, SocketAddr), 
 }
 
 /// `supervisor`, building cycles only on the leader (`election`), or, with
-/// sharding, only while this replica holds a remote; the sharding's gate,
-/// open at first if it `holds_any`.
+/// sharding, only while this replica holds a remote (`shard`).
 pub(super) fn gated(
     supervisor: Supervisor<managers::Manager>,
     election: Option<&ElectionHandle>,
-    sharded: bool,
-    holds_any: bool,
-) -> (
-    Supervisor<managers::Manager>,
-    tokio::sync::watch::Sender<bool>,
-) {
-    let (shard_gate, open) = tokio::sync::watch::channel(holds_any);
-    let supervisor = match election {
-        Some(election) => supervisor.build_while(election.gate()),
-        None if sharded => supervisor.build_while(open),
-        None => supervisor,
-    };
-    (supervisor, shard_gate)
+    shard: Option<&ShardHandle>,
+) -> Supervisor<managers::Manager> {
+    match (election, shard) {
+        (Some(election), _) => supervisor.build_while(election.gate()),
+        (None, Some(shard)) => {
+            let gave_up = shard.clone();
+            supervisor.build_while_ending_with(shard.gate(), move || Cause::ShardChanged {
+                taken: 0,
+                given_up: gave_up.applied_count(),
+            })
+        }
+        (None, None) => supervisor,
+    }
 }
 
 /// `tether_config_reloads_total`, both results exported from the start.
@@ -253,7 +377,7 @@ pub(super) fn exec_command(config: &Config) -> Result<(), StartError> {
         StartError::Config(ConfigError::new(
             &config.label(),
             "manager.exec.command",
-            err.to_string(),
+            tether_supervisor::error_chain(&err),
         ))
     })
 }
@@ -331,45 +455,18 @@ pub(super) fn new_registry() -> Result<(Registry, IntCounterVec), StartError> {
     Ok((registry, reloads))
 }
 
-/// The sharding `config` asks for, if any, not yet running, and its
-/// handle, told of `all` the remotes; and those this replica runs: all of
-/// them without sharding, none until its first round among the members
-/// with it.
+/// The sharding `config` asks for, if any, not yet running.
 pub(super) async fn new_sharding(
     config: &Config,
     registry: &Registry,
-    all: &[ResolvedRemote],
-) -> Result<(Option<Sharding>, Option<ShardHandle>, Vec<ResolvedRemote>), StartError> {
+) -> Result<Option<Sharding>, StartError> {
     let (Some(sharding), Some(election)) = (&config.sharding, &config.leader_election) else {
-        return Ok((None, None, all.to_vec()));
+        return Ok(None);
     };
-    let sharding = Sharding::new(election.clone(), sharding, registry)
+    Sharding::new(election.clone(), sharding, registry)
         .await
-        .map_err(lease_error(config, "sharding"))?;
-    let shard = sharding.handle();
-    shard.set_remotes(crate::config::remote::keys(all));
-    let running = held(all, Some(&shard));
-    Ok((Some(sharding), Some(shard), running))
-}
-
-/// The remotes of `resolved` that `shard` lets this replica run: all of
-/// them without sharding.
-pub(super) fn held(
-    resolved: &[ResolvedRemote],
-    shard: Option<&ShardHandle>,
-) -> Vec<ResolvedRemote> {
-    match shard {
-        None => resolved.to_vec(),
-        Some(shard) => {
-            let holding = shard.holding();
-            let names = holding.borrow();
-            resolved
-                .iter()
-                .filter(|r| names.contains(&r.name))
-                .cloned()
-                .collect()
-        }
-    }
+        .map(Some)
+        .map_err(lease_error(config, "sharding"))
 }
 
 /// The admin server's state: the daemon's [`Parts`], the probes' rows and

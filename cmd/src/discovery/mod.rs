@@ -362,6 +362,7 @@ mod tests {
             source: RemoteSource::Inferred,
             config: Arc::new(kube::Config::new("https://h:6443".parse().expect("a URL"))),
             files: Vec::new(),
+            generation: crate::config::remote::next_generation(),
         }
     }
 

@@ -178,6 +178,7 @@ struct Shared {
 pub struct ShardHandle {
     shared: Arc<Shared>,
     holding: watch::Receiver<BTreeSet<String>>,
+    gate: Arc<watch::Sender<bool>>,
     keys: watch::Sender<BTreeMap<String, String>>,
     applied: watch::Sender<BTreeSet<String>>,
 }
@@ -193,6 +194,33 @@ impl ShardHandle {
     #[must_use]
     pub fn holding(&self) -> watch::Receiver<BTreeSet<String>> {
         self.holding.clone()
+    }
+
+    /// The supervisor's gate: open while this replica holds a remote. The
+    /// sharding closes it itself, in the step that empties its holdings (a
+    /// fence included); it opens only through
+    /// [`open_if_holding`](Self::open_if_holding), once the plan that runs
+    /// the remotes held is published.
+    #[must_use]
+    pub fn gate(&self) -> watch::Receiver<bool> {
+        self.gate.subscribe()
+    }
+
+    /// Opens the gate if this replica holds a remote now, or closes it.
+    /// Read under the gate's lock, so that it cannot open on holdings the
+    /// sharding emptied meanwhile.
+    pub fn open_if_holding(&self) {
+        self.gate.send_if_modified(|open| {
+            let now = !self.holding.borrow().is_empty();
+            std::mem::replace(open, now) != now
+        });
+    }
+
+    /// How many remotes this replica last said it runs: what it gives up
+    /// when its share goes to none.
+    #[must_use]
+    pub fn applied_count(&self) -> usize {
+        self.applied.borrow().len()
     }
 
     /// How many remotes are configured, this replica's or not.
@@ -237,6 +265,7 @@ pub struct Sharding {
     identity: String,
     shared: Arc<Shared>,
     holding: watch::Sender<BTreeSet<String>>,
+    gate: Arc<watch::Sender<bool>>,
     keys: watch::Receiver<BTreeMap<String, String>>,
     applied: watch::Receiver<BTreeSet<String>>,
     handle: ShardHandle,
@@ -332,6 +361,7 @@ impl Sharding {
             remote_owned,
         });
         let (holding, holding_rx) = watch::channel(BTreeSet::new());
+        let gate = Arc::new(watch::channel(false).0);
         let (keys_tx, keys) = watch::channel(BTreeMap::new());
         let (applied_tx, applied) = watch::channel(BTreeSet::new());
         Ok(Self {
@@ -343,11 +373,13 @@ impl Sharding {
             handle: ShardHandle {
                 shared: Arc::clone(&shared),
                 holding: holding_rx,
+                gate: Arc::clone(&gate),
                 keys: keys_tx,
                 applied: applied_tx,
             },
             shared,
             holding,
+            gate,
             keys,
             applied,
             seen: BTreeMap::new(),
@@ -393,6 +425,7 @@ impl Sharding {
             state.members = members;
             state.exported = configured;
         }
+        let none = names.is_empty();
         self.holding.send_if_modified(|held| {
             if *held == names {
                 return false;
@@ -400,6 +433,11 @@ impl Sharding {
             *held = names;
             true
         });
+        // The fence: closed here, not behind the plan.
+        if none {
+            self.gate
+                .send_if_modified(|open| std::mem::replace(open, false));
+        }
     }
 
     /// Holds nothing, and starts joining again. The view it publishes

@@ -7,32 +7,44 @@
 //!   manager's strays.
 //!
 //! Each consumes the [`Plan`] and knows nothing of the other. The daemon
-//! builds one with [`build`], hands it to the supervisor, and keeps its
-//! [`Handle`]: to give it a new plan, to show it on the admin server, and to
-//! kill its process at a second signal. Adding a manager touches only this
-//! file and its own.
+//! builds one with [`build`] on the published [`Desired`] value, hands it
+//! to the supervisor, and keeps its [`Handle`]: to show it on the admin
+//! server, to know what the running cycle runs, and to kill its process at
+//! a second signal. Each cycle runs the plan published when it starts.
+//! Adding a manager touches only this file and its own.
 
 pub mod exec;
-pub mod reaper;
+pub(crate) mod reaper;
 pub mod watch;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus::Registry;
 use tether_probes::ProbeSetHandle;
 use tether_supervisor::{CycleToken, ManagerError, ManagerFactory, UsedRemotes};
+use tokio::sync::watch as channel;
 
 use self::exec::{ExecManager, ProcessHandle};
 use self::watch::{ManagerHandle, WatchManager};
-use crate::admin::{CacheView, ManagerStatus, ProcessView, ago};
 use crate::config::Plan;
+use crate::desired::Desired;
 
 /// The manager the supervisor drives: the plan's process, or else the
-/// built-in watch manager.
+/// built-in watch manager; each cycle on the plan published when it starts.
 #[derive(Debug)]
-pub enum Manager {
+pub struct Manager {
+    kind: Kind,
+    desired: channel::Receiver<Arc<Desired>>,
+    /// The remotes the running cycle's plan has; none between cycles.
+    running: channel::Sender<BTreeSet<String>>,
+}
+
+/// Which manager it is.
+#[derive(Debug)]
+enum Kind {
     /// The built-in watch manager.
     Watch(WatchManager),
     /// A process.
@@ -40,32 +52,73 @@ pub enum Manager {
 }
 
 impl ManagerFactory for Manager {
+    /// Asked as a cycle starts: the manager takes the plan published now,
+    /// which the cycle then runs.
     fn remotes(&self) -> UsedRemotes {
-        match self {
-            Self::Watch(manager) => manager.remotes(),
-            Self::Exec(manager) => manager.remotes(),
+        let plan = Arc::clone(&self.desired.borrow().plan);
+        match &self.kind {
+            Kind::Watch(manager) => {
+                let handle = manager.handle();
+                if !Arc::ptr_eq(&handle.plan(), &plan) {
+                    handle.update(plan);
+                }
+                manager.remotes()
+            }
+            Kind::Exec(manager) => {
+                manager.handle().update(plan);
+                manager.remotes()
+            }
         }
     }
 
     fn waits_for_lost_remotes(&self) -> bool {
-        match self {
-            Self::Watch(manager) => manager.waits_for_lost_remotes(),
-            Self::Exec(manager) => manager.waits_for_lost_remotes(),
+        match &self.kind {
+            Kind::Watch(manager) => manager.waits_for_lost_remotes(),
+            Kind::Exec(manager) => manager.waits_for_lost_remotes(),
         }
     }
 
     async fn run(&self, cycle: CycleToken) -> Result<(), ManagerError> {
-        match self {
-            Self::Watch(manager) => manager.run(cycle).await,
-            Self::Exec(manager) => manager.run(cycle).await,
+        let plan = match &self.kind {
+            Kind::Watch(manager) => manager.handle().plan(),
+            Kind::Exec(manager) => manager.handle().plan(),
+        };
+        // Cleared however the run ends, a panic included.
+        let _running = Running::set(&self.running, crate::config::remote::names(&plan.remotes));
+        match &self.kind {
+            Kind::Watch(manager) => manager.run(cycle).await,
+            Kind::Exec(manager) => manager.run(cycle).await,
         }
+    }
+}
+
+/// The running cycle's remotes, for as long as it runs.
+struct Running<'a>(&'a channel::Sender<BTreeSet<String>>);
+
+impl<'a> Running<'a> {
+    fn set(running: &'a channel::Sender<BTreeSet<String>>, names: BTreeSet<String>) -> Self {
+        running.send_replace(names);
+        Self(running)
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.send_replace(BTreeSet::new());
     }
 }
 
 /// A view of the manager, whichever it is, for the daemon and the admin
 /// server.
 #[derive(Debug, Clone)]
-pub enum Handle {
+pub struct Handle {
+    kind: HandleKind,
+    desired: channel::Receiver<Arc<Desired>>,
+    running: channel::Receiver<BTreeSet<String>>,
+}
+
+#[derive(Debug, Clone)]
+enum HandleKind {
     /// The built-in watch manager's.
     Watch(ManagerHandle),
     /// The exec manager's.
@@ -83,26 +136,27 @@ pub enum BuildError {
     Exec(#[from] exec::SetupError),
 }
 
-/// The manager `plan` asks for: its process, if it has one, else the
-/// built-in watch manager. Metrics go in `registry`; `probes` says which
-/// remotes are reachable, and a watch whose cache has failed for longer
-/// than `stale_after` counts as stale.
+/// The manager the plan `desired` holds asks for: its process, if it has
+/// one, else the built-in watch manager. Metrics go in `registry`;
+/// `probes` says which remotes are reachable, and a watch whose cache has
+/// failed for longer than `stale_after` counts as stale.
 ///
 /// # Errors
 ///
 /// [`BuildError`]: its metrics are taken, or the exec manager's folder or
 /// thread cannot be made.
 pub fn build(
-    plan: Plan,
+    desired: channel::Receiver<Arc<Desired>>,
     registry: &Registry,
     probes: &ProbeSetHandle,
     stale_after: Duration,
 ) -> Result<(Manager, Handle), BuildError> {
-    Ok(match plan.exec.clone() {
+    let plan = Plan::clone(&desired.borrow().plan);
+    let (kind, handle) = match plan.exec.clone() {
         None => {
             let watch = WatchManager::new(registry, probes.clone(), plan, stale_after)?;
-            let handle = Handle::Watch(watch.handle());
-            (Manager::Watch(watch), handle)
+            let handle = HandleKind::Watch(watch.handle());
+            (Kind::Watch(watch), handle)
         }
         Some(spec) => {
             // Each child starts as this very binary, which becomes the
@@ -114,27 +168,66 @@ pub fn build(
                 probes.clone(),
                 PathBuf::from("/proc/self/exe"),
             )?;
-            let handle = Handle::Exec(exec.handle());
-            (Manager::Exec(exec), handle)
+            let handle = HandleKind::Exec(exec.handle());
+            (Kind::Exec(exec), handle)
         }
-    })
+    };
+    let (running, runs) = channel::channel(BTreeSet::new());
+    let handle = Handle {
+        kind: handle,
+        desired: desired.clone(),
+        running: runs,
+    };
+    Ok((
+        Manager {
+            kind,
+            desired,
+            running,
+        },
+        handle,
+    ))
 }
 
 impl Handle {
-    /// Replaces the plan; the next cycle runs it.
-    pub fn update(&self, plan: Plan) {
-        match self {
-            Self::Watch(handle) => handle.update(plan),
-            Self::Exec(handle) => handle.update(plan),
+    /// Takes in a published plan between cycles: the watch manager forgets
+    /// at once the caches and series of what it no longer has. The next
+    /// cycle runs it either way.
+    pub fn follow(&self, desired: &Desired) {
+        if let HandleKind::Watch(handle) = &self.kind
+            && !Arc::ptr_eq(&handle.plan(), &desired.plan)
+        {
+            handle.update(Arc::clone(&desired.plan));
         }
     }
 
-    /// The plan the next cycle runs.
+    /// The plan the next cycle runs: the one published now.
     #[must_use]
-    pub fn plan(&self) -> std::sync::Arc<Plan> {
-        match self {
-            Self::Watch(handle) => handle.plan(),
-            Self::Exec(handle) => handle.plan(),
+    pub fn plan(&self) -> Arc<Plan> {
+        Arc::clone(&self.desired.borrow().plan)
+    }
+
+    /// The remotes the running cycle's plan has, as it changes; none
+    /// between cycles.
+    #[must_use]
+    pub fn running(&self) -> channel::Receiver<BTreeSet<String>> {
+        self.running.clone()
+    }
+
+    /// The watch manager's view, if it is the manager.
+    #[must_use]
+    pub fn watch(&self) -> Option<&ManagerHandle> {
+        match &self.kind {
+            HandleKind::Watch(handle) => Some(handle),
+            HandleKind::Exec(_) => None,
+        }
+    }
+
+    /// The exec manager's view, if it is the manager.
+    #[must_use]
+    pub fn exec(&self) -> Option<&ProcessHandle> {
+        match &self.kind {
+            HandleKind::Exec(handle) => Some(handle),
+            HandleKind::Watch(_) => None,
         }
     }
 
@@ -142,65 +235,12 @@ impl Handle {
     /// one. Whether it does.
     #[must_use]
     pub fn kill_now(&self) -> bool {
-        match self {
-            Self::Watch(_) => false,
-            Self::Exec(handle) => {
+        match &self.kind {
+            HandleKind::Watch(_) => false,
+            HandleKind::Exec(handle) => {
                 handle.kill_now();
                 true
             }
         }
-    }
-}
-
-impl ManagerStatus for Handle {
-    fn required(&self) -> BTreeSet<String> {
-        match self {
-            Self::Watch(handle) => handle.plan().required(),
-            Self::Exec(handle) => handle.plan().required(),
-        }
-    }
-
-    fn caches(&self) -> BTreeMap<(String, String), CacheView> {
-        let Self::Watch(handle) = self else {
-            return BTreeMap::new();
-        };
-        handle
-            .caches()
-            .into_iter()
-            .map(|(key, cache)| {
-                let view = CacheView {
-                    resource: key.1.clone(),
-                    synced: cache.synced,
-                    stale: cache.stale,
-                    failing_seconds_ago: ago(cache.failing_since),
-                    objects: cache.objects,
-                };
-                (key, view)
-            })
-            .collect()
-    }
-
-    fn process(&self) -> Option<ProcessView> {
-        let Self::Exec(process) = self else {
-            return None;
-        };
-        let state = process.state();
-        let spec = process.spec();
-        let last = state.last_exit.as_ref();
-        Some(ProcessView {
-            command: spec.command.clone(),
-            pid: state.pid,
-            cycle: state.cycle,
-            running_seconds: ago(state.started),
-            readiness_check: spec
-                .readiness
-                .as_ref()
-                .map(|r| format!("GET http://127.0.0.1:{}{}", r.port, r.path)),
-            last_exit: last.map(|e| e.how.to_string()),
-            last_exit_stopped: last.map(|e| e.stopped),
-            last_exit_cycle: last.map(|e| e.cycle),
-            last_exit_seconds_ago: ago(last.map(|e| e.at)),
-            spawn_error: state.spawn_error,
-        })
     }
 }

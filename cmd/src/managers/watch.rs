@@ -257,9 +257,9 @@ impl ManagerHandle {
 
     /// Replaces the plan; the next cycle runs it. The caches and series of
     /// remotes and resources it no longer has go at once.
-    pub fn update(&self, plan: Plan) {
+    pub fn update(&self, plan: Arc<Plan>) {
         self.shared.forget_unplanned(&plan);
-        *lock(&self.shared.plan) = Arc::new(plan);
+        *lock(&self.shared.plan) = plan;
     }
 
     /// The caches as they are now.

@@ -1,0 +1,555 @@
+//! What should run: one value, [`Desired`], made by a pure function of
+//! tether's inputs (the config and its remotes as last read, the remotes
+//! discovered from Secrets, and this replica's share), and published by
+//! one task on a `watch` channel.
+//!
+//! Everything that acts on it subscribes, and nothing calls back:
+//!
+//! - the probes follow its targets;
+//! - the manager reads its plan when a cycle starts;
+//! - the supervisor ends the running cycle when the manager's part of it
+//!   changes ([`cycle_ends`]), as it does on a probe's signal;
+//! - the sharding hears of the remotes, and once nothing runs those this
+//!   replica gave up, that they are let go.
+//!
+//! The task does no file or network I/O: the daemon reads files, then
+//! hands the result over ([`Statics`]); discovery and the sharding publish
+//! their own values.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use futures_util::Stream;
+use tether_supervisor::Cause;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info};
+
+use crate::config::remote::{self, ResolvedRemote};
+use crate::config::{Config, Plan};
+use crate::discovery::Discovery;
+use crate::lease::shard::ShardHandle;
+
+/// The static remotes as the daemon last read them, with the config they
+/// came from. A new `config` (a reload) always ends the running cycle.
+#[derive(Debug, Clone)]
+pub struct Statics {
+    /// The config in force.
+    pub config: Arc<Config>,
+    /// Its remotes, resolved, in config order.
+    pub remotes: Vec<ResolvedRemote>,
+    /// Counts the daemon's readings, so that it can tell when the value
+    /// published takes this one in.
+    pub reading: u64,
+}
+
+/// The inputs of [`Desired::from`], all in memory.
+#[derive(Debug, Clone)]
+pub struct Inputs {
+    /// The config and its remotes.
+    pub statics: Statics,
+    /// The remotes discovery gives, after the static ones.
+    pub discovered: Vec<ResolvedRemote>,
+    /// With sharding, the remotes this replica holds, by name.
+    pub share: Option<BTreeSet<String>>,
+    /// The home cluster, probed while discovery reads it.
+    pub home: Option<tether_probes::Remote>,
+}
+
+/// What should run, and since when.
+#[derive(Debug, Clone)]
+pub struct Desired {
+    /// Counts the values published; the first is 1.
+    pub revision: u64,
+    /// What the probes probe: the plan's remotes, and the home cluster.
+    pub probes: Vec<tether_probes::Remote>,
+    /// What the manager runs.
+    pub plan: Arc<Plan>,
+    /// Every remote, this replica's or not, by name, with its sharding key.
+    pub keys: BTreeMap<String, String>,
+    /// With sharding, the remotes this replica holds.
+    pub share: Option<BTreeSet<String>>,
+    /// Counts the changes of the manager's part: its config, or a remote
+    /// it runs (added, gone, required or not, read anew).
+    pub manager: u64,
+    /// Why the manager's part last changed; `None` before it ever did.
+    pub cause: Option<Cause>,
+    /// The daemon's reading of the static remotes this value takes in.
+    pub reading: u64,
+    /// The config the plan was made under, to tell a reload.
+    config: Arc<Config>,
+}
+
+/// What one value changed from the one before.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Change {
+    /// Remotes probed now that were not.
+    pub added: usize,
+    /// Remotes no longer probed.
+    pub removed: usize,
+    /// Remotes probed with new settings.
+    pub rebuilt: usize,
+    /// Why the running cycle ends, if the manager's part changed.
+    pub ends_cycle: Option<Cause>,
+}
+
+impl Change {
+    /// Whether nothing changed at all.
+    #[must_use]
+    pub fn is_none(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// A remote as the manager's part compares it.
+fn run_key(r: &ResolvedRemote) -> (&str, bool, u64) {
+    (r.name.as_str(), r.required, r.generation)
+}
+
+impl Desired {
+    /// What `inputs` say should run: the first value.
+    #[must_use]
+    pub fn from(inputs: &Inputs) -> Self {
+        let all: Vec<ResolvedRemote> = inputs
+            .statics
+            .remotes
+            .iter()
+            .chain(&inputs.discovered)
+            .cloned()
+            .collect();
+        let keys = remote::keys(&all);
+        let running: Vec<ResolvedRemote> = match &inputs.share {
+            None => all,
+            Some(share) => all
+                .into_iter()
+                .filter(|r| share.contains(&r.name))
+                .collect(),
+        };
+        let mut probes = remote::probed(&running);
+        probes.extend(inputs.home.clone());
+        Self {
+            revision: 1,
+            probes,
+            plan: Arc::new(Plan::new(&inputs.statics.config, running)),
+            keys,
+            share: inputs.share.clone(),
+            manager: 1,
+            cause: None,
+            reading: inputs.statics.reading,
+            config: Arc::clone(&inputs.statics.config),
+        }
+    }
+
+    /// The value after `self` that `inputs` give, and what changed; `self`
+    /// again, with nothing changed, if nothing did.
+    #[must_use]
+    pub fn next(&self, inputs: &Inputs) -> (Self, Change) {
+        let mut next = Self::from(inputs);
+        let change = self.change_to(&next);
+        if change.is_none()
+            && self.keys == next.keys
+            && self.share == next.share
+            && self.reading == next.reading
+        {
+            return (self.clone(), change);
+        }
+        next.revision = self.revision + 1;
+        (next.manager, next.cause) = match &change.ends_cycle {
+            Some(cause) => (self.manager + 1, Some(cause.clone())),
+            None => (self.manager, self.cause.clone()),
+        };
+        (next, change)
+    }
+
+    /// What differs from `self` to `next`.
+    fn change_to(&self, next: &Self) -> Change {
+        let before: BTreeMap<&str, &tether_probes::Remote> =
+            self.probes.iter().map(|p| (p.name.as_str(), p)).collect();
+        let now: BTreeMap<&str, &tether_probes::Remote> =
+            next.probes.iter().map(|p| (p.name.as_str(), p)).collect();
+        let added = now.keys().filter(|n| !before.contains_key(*n)).count();
+        let removed = before.keys().filter(|n| !now.contains_key(*n)).count();
+        let rebuilt = now
+            .iter()
+            .filter(|(n, p)| {
+                before
+                    .get(*n)
+                    .is_some_and(|b| !Arc::ptr_eq(&b.config, &p.config))
+            })
+            .count();
+        let runs: Vec<_> = self.plan.remotes.iter().map(run_key).collect();
+        let will: Vec<_> = next.plan.remotes.iter().map(run_key).collect();
+        let ends_cycle = if !Arc::ptr_eq(&self.config, &next.config) {
+            Some(Cause::ConfigChanged)
+        } else if runs == will {
+            None
+        } else if self.share != next.share {
+            let had: BTreeSet<&str> = runs.iter().map(|r| r.0).collect();
+            let has: BTreeSet<&str> = will.iter().map(|r| r.0).collect();
+            Some(Cause::ShardChanged {
+                taken: has.difference(&had).count(),
+                given_up: had.difference(&has).count(),
+            })
+        } else {
+            Some(Cause::ConfigChanged)
+        };
+        Change {
+            added,
+            removed,
+            rebuilt,
+            ends_cycle,
+        }
+    }
+
+    /// The names of the remotes the plan runs.
+    #[must_use]
+    pub fn running(&self) -> BTreeSet<String> {
+        remote::names(&self.plan.remotes)
+    }
+}
+
+/// The causes to end the running cycle with, as the manager's part of
+/// `desired` changes: the supervisor's input. A value the stream skips
+/// (a `watch` keeps only the last) still counts: the stream compares what
+/// it last saw with what is there now.
+pub(crate) fn cycle_ends(
+    desired: watch::Receiver<Arc<Desired>>,
+) -> impl Stream<Item = Cause> + Send {
+    let seen = desired.borrow().manager;
+    futures_util::stream::unfold((desired, seen), |(mut desired, seen)| async move {
+        loop {
+            desired.changed().await.ok()?;
+            let now = Arc::clone(&desired.borrow_and_update());
+            if now.manager != seen {
+                let cause = now.cause.clone().unwrap_or(Cause::ConfigChanged);
+                return Some((cause, (desired, now.manager)));
+            }
+        }
+    })
+}
+
+/// The one task that owns the inputs and publishes [`Desired`].
+#[derive(Debug)]
+pub(crate) struct Planner {
+    inputs: Inputs,
+    statics: watch::Receiver<Statics>,
+    discovery: Option<Arc<Discovery>>,
+    shard: Option<ShardHandle>,
+    desired: watch::Sender<Arc<Desired>>,
+}
+
+impl Planner {
+    /// The planner for `statics` (the daemon sends new ones on its
+    /// sender), `discovery` and `shard`, and the first value, published.
+    #[must_use]
+    pub(crate) fn new(
+        statics: watch::Receiver<Statics>,
+        discovery: Option<Arc<Discovery>>,
+        shard: Option<ShardHandle>,
+    ) -> (Self, watch::Receiver<Arc<Desired>>) {
+        let first = statics.borrow().clone();
+        let inputs = Inputs {
+            discovered: discovered(discovery.as_deref(), &first),
+            share: shard.as_ref().map(|s| s.holding().borrow().clone()),
+            home: discovery.as_deref().map(Discovery::home),
+            statics: first,
+        };
+        let value = Desired::from(&inputs);
+        if let Some(shard) = &shard {
+            shard.set_remotes(value.keys.clone());
+        }
+        let (desired, subscribed) = watch::channel(Arc::new(value));
+        (
+            Self {
+                inputs,
+                statics,
+                discovery,
+                shard,
+                desired,
+            },
+            subscribed,
+        )
+    }
+
+    /// Publishes a new value whenever an input changes, until `stop`.
+    pub(crate) async fn run(mut self, stop: CancellationToken) {
+        let (_never, idle) = watch::channel(BTreeSet::new());
+        let (_quiet, silent) = watch::channel(0);
+        let mut holding = self.shard.as_ref().map_or(idle, ShardHandle::holding);
+        let mut found = self.discovery.as_ref().map_or(silent, |d| d.changes());
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                Ok(()) = self.statics.changed() => {
+                    self.inputs.statics = self.statics.borrow_and_update().clone();
+                    self.inputs.discovered = discovered(self.discovery.as_deref(), &self.inputs.statics);
+                }
+                Ok(()) = found.changed() => {
+                    found.borrow_and_update();
+                    self.inputs.discovered = discovered(self.discovery.as_deref(), &self.inputs.statics);
+                }
+                Ok(()) = holding.changed() => {
+                    self.inputs.share = Some(holding.borrow_and_update().clone());
+                }
+            }
+            self.publish();
+        }
+    }
+
+    /// Makes the value of the inputs now, and publishes it if it differs.
+    fn publish(&self) {
+        let before = Arc::clone(&self.desired.borrow());
+        let (next, change) = before.next(&self.inputs);
+        if next.revision == before.revision {
+            return;
+        }
+        if let Some(shard) = &self.shard
+            && next.keys != before.keys
+        {
+            shard.set_remotes(next.keys.clone());
+        }
+        if next.share != before.share {
+            let (had, has) = (before.running(), next.running());
+            info!(
+                holds = has.len(),
+                taken = has.difference(&had).count(),
+                given_up = had.difference(&has).count(),
+                "this replica's remotes changed"
+            );
+        } else if change.added + change.removed + change.rebuilt > 0 {
+            info!(
+                added = change.added,
+                gone = change.removed,
+                rebuilt = change.rebuilt,
+                probed = next.probes.len(),
+                "the remotes changed{}",
+                if change.ends_cycle.is_some() {
+                    "; the cycle ends"
+                } else {
+                    ""
+                }
+            );
+        }
+        let opens = next.share.as_ref().is_some_and(|s| !s.is_empty());
+        self.desired.send_replace(Arc::new(next));
+        // Only now that the plan runs them may a cycle start on them.
+        if let Some(shard) = &self.shard
+            && opens
+        {
+            shard.open_if_holding();
+        }
+    }
+}
+
+/// The remotes discovery gives beside `statics`' (whose names win).
+fn discovered(discovery: Option<&Discovery>, statics: &Statics) -> Vec<ResolvedRemote> {
+    discovery.map_or_else(Vec::new, |d| d.remotes(&remote::names(&statics.remotes)))
+}
+
+/// Applies each value `desired` publishes with `apply`, until `stop`;
+/// `followed` holds the revision last applied.
+pub(crate) async fn follow(
+    mut desired: watch::Receiver<Arc<Desired>>,
+    apply: impl Fn(&Desired) + Send,
+    followed: watch::Sender<u64>,
+    stop: CancellationToken,
+) {
+    loop {
+        let now = Arc::clone(&desired.borrow_and_update());
+        apply(&now);
+        followed.send_replace(now.revision);
+        tokio::select! {
+            () = stop.cancelled() => return,
+            changed = desired.changed() => if changed.is_err() { return },
+        }
+    }
+}
+
+/// Keeps `probes` probing what a value says.
+pub(crate) fn probe(probes: &tether_probes::ProbeSet, desired: &Desired) {
+    if let Err(err) = probes.sync(&desired.probes) {
+        // The names and URLs were checked when they were read; if this
+        // failed anyway, the probes keep what they had.
+        error!(error = %err, "applying the remotes to the probes failed; they keep what they had");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use futures_util::{FutureExt as _, StreamExt as _};
+
+    use super::*;
+    use crate::config::RemoteSource;
+
+    fn config() -> Arc<Config> {
+        Arc::new(
+            Config::parse(
+                "remotes: [{name: a, server: \"https://a:6443\"}]",
+                "t.yaml",
+                Path::new("."),
+            )
+            .expect("valid"),
+        )
+    }
+
+    fn remote(name: &str, host: &str) -> ResolvedRemote {
+        ResolvedRemote {
+            name: name.to_owned(),
+            required: true,
+            source: RemoteSource::Inferred,
+            config: Arc::new(kube::Config::new(
+                format!("https://{host}:6443").parse().expect("a URL"),
+            )),
+            files: Vec::new(),
+            generation: remote::next_generation(),
+        }
+    }
+
+    fn inputs(statics: Vec<ResolvedRemote>, share: Option<&[&str]>) -> Inputs {
+        Inputs {
+            statics: Statics {
+                config: config(),
+                remotes: statics,
+                reading: 0,
+            },
+            discovered: Vec::new(),
+            share: share.map(|s| s.iter().map(|n| (*n).to_owned()).collect()),
+            home: None,
+        }
+    }
+
+    #[test]
+    fn sharding_keeps_the_plan_and_the_probes_to_the_share_and_the_keys_to_all() {
+        let all = vec![remote("a", "a"), remote("b", "b"), remote("c", "c")];
+        let value = Desired::from(&inputs(all, Some(&["b"])));
+        assert_eq!(value.running(), BTreeSet::from(["b".to_owned()]));
+        assert_eq!(value.probes.len(), 1);
+        assert_eq!(value.keys.len(), 3, "the sharding hears of every remote");
+    }
+
+    #[test]
+    fn the_same_inputs_give_the_same_value_and_no_change() {
+        let mut given = inputs(vec![remote("a", "a")], None);
+        let first = Desired::from(&given);
+        given.statics.config = Arc::clone(&first.config);
+        let (again, change) = first.next(&given);
+        assert!(change.is_none());
+        assert_eq!(again.revision, first.revision);
+    }
+
+    #[test]
+    fn a_token_rotation_rebuilds_the_probe_and_leaves_the_cycle_running() {
+        let a = remote("a", "a");
+        let mut given = inputs(vec![a.clone()], None);
+        let first = Desired::from(&given);
+        given.statics.config = Arc::clone(&first.config);
+        // Read anew, its generation kept: a token file alone rotated.
+        let mut rotated = remote("a", "a");
+        rotated.generation = a.generation;
+        given.statics.remotes = vec![rotated];
+        let (next, change) = first.next(&given);
+        assert_eq!(change.rebuilt, 1);
+        assert_eq!(change.ends_cycle, None);
+        assert_eq!((next.revision, next.manager), (2, first.manager));
+    }
+
+    #[test]
+    fn a_remote_read_anew_or_added_ends_the_cycle_as_a_config_change() {
+        let mut given = inputs(vec![remote("a", "a")], None);
+        let first = Desired::from(&given);
+        given.statics.config = Arc::clone(&first.config);
+        given.statics.remotes = vec![remote("a", "a")];
+        let (second, change) = first.next(&given);
+        assert_eq!(change.ends_cycle, Some(Cause::ConfigChanged));
+        given.discovered = vec![remote("d", "d")];
+        let (third, change) = second.next(&given);
+        assert_eq!(
+            (change.added, change.ends_cycle),
+            (1, Some(Cause::ConfigChanged))
+        );
+        assert_eq!(third.manager, first.manager + 2);
+    }
+
+    #[test]
+    fn a_reload_ends_the_cycle_even_with_the_same_remotes() {
+        let mut given = inputs(vec![remote("a", "a")], None);
+        let first = Desired::from(&given);
+        // The same text, read again: a new config.
+        given.statics.config = config();
+        let (_, change) = first.next(&given);
+        assert_eq!(change.ends_cycle, Some(Cause::ConfigChanged));
+    }
+
+    #[test]
+    fn a_new_share_ends_the_cycle_with_what_was_taken_and_given_up() {
+        let all = vec![remote("a", "a"), remote("b", "b"), remote("c", "c")];
+        let mut given = inputs(all, Some(&["a", "b"]));
+        let first = Desired::from(&given);
+        given.statics.config = Arc::clone(&first.config);
+        given.share = Some(BTreeSet::from(["b".to_owned(), "c".to_owned()]));
+        let (_, change) = first.next(&given);
+        assert_eq!(
+            change.ends_cycle,
+            Some(Cause::ShardChanged {
+                taken: 1,
+                given_up: 1
+            })
+        );
+        // A discovered remote outside the share changes nothing it runs.
+        let (second, _) = first.next(&given);
+        given.discovered = vec![remote("z", "z")];
+        let (third, change) = second.next(&given);
+        assert_eq!(change.ends_cycle, None);
+        assert_eq!(third.manager, second.manager);
+        assert_eq!(third.keys.len(), 4);
+    }
+
+    /// The planner publishes each change of its inputs, and the cycle ends
+    /// follow only the manager's part: a burst of values the stream
+    /// skips still ends the cycle once.
+    #[tokio::test(start_paused = true)]
+    async fn the_planner_publishes_and_cycle_ends_follow_only_the_managers_part() {
+        let given = inputs(vec![remote("a", "a")], None);
+        let (statics_tx, statics) = watch::channel(given.statics.clone());
+        let (planner, desired) = Planner::new(statics, None, None);
+        let mut ends = Box::pin(cycle_ends(desired.clone()));
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(planner.run(stop.clone()));
+
+        // A token rotation: a new value, the cycle runs on.
+        let a = given.statics.remotes[0].clone();
+        let mut rotated = remote("a", "a");
+        rotated.generation = a.generation;
+        let mut changed = desired.clone();
+        statics_tx.send_replace(Statics {
+            config: Arc::clone(&given.statics.config),
+            remotes: vec![rotated],
+            reading: 1,
+        });
+        changed.changed().await.expect("published");
+        assert_eq!(changed.borrow_and_update().revision, 2);
+        assert!(
+            ends.next().now_or_never().is_none(),
+            "a token rotation ended the cycle"
+        );
+
+        // Two reads at once: the stream may see only the last, and still
+        // ends the cycle, once.
+        for host in ["a", "a"] {
+            statics_tx.send_replace(Statics {
+                config: Arc::clone(&given.statics.config),
+                remotes: vec![remote("a", host)],
+                reading: 2,
+            });
+            tokio::task::yield_now().await;
+        }
+        let cause = tokio::time::timeout(std::time::Duration::from_secs(1), ends.next())
+            .await
+            .expect("a cycle end");
+        assert_eq!(cause, Some(Cause::ConfigChanged));
+        stop.cancel();
+        task.await.expect("the planner stops");
+    }
+}
