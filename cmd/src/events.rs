@@ -27,7 +27,7 @@ use crate::lease::election::ElectionHandle;
 
 /// Why an Event was recorded: a closed set, its `reason`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reason {
+pub(crate) enum Reason {
     /// A cycle ended: a remote it used became unreachable.
     RemoteLost,
     /// A cycle ended: a remote came back.
@@ -57,8 +57,9 @@ pub enum Reason {
 }
 
 impl Reason {
-    /// Every reason, for the docs' closed set.
-    pub const ALL: [Self; 13] = [
+    /// Every reason, for the test that holds the docs to the closed set.
+    #[cfg(test)]
+    pub(crate) const ALL: [Self; 13] = [
         Self::RemoteLost,
         Self::RemoteRecovered,
         Self::ConfigChanged,
@@ -76,7 +77,7 @@ impl Reason {
 
     /// The Event's `reason`.
     #[must_use]
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::RemoteLost => "RemoteLost",
             Self::RemoteRecovered => "RemoteRecovered",
@@ -96,7 +97,7 @@ impl Reason {
 
     /// `Warning` for what an operator should look at, else `Normal`.
     #[must_use]
-    pub fn event_type(self) -> EventType {
+    pub(crate) fn event_type(self) -> EventType {
         match self {
             Self::RemoteLost
             | Self::TransitionsMissed
@@ -121,7 +122,7 @@ impl Reason {
     /// The reason of a cycle's end, when it is recorded as one: a
     /// leadership or share change has an Event of its own.
     #[must_use]
-    pub fn of_cycle_end(kind: CauseKind) -> Option<Self> {
+    pub(crate) fn of_cycle_end(kind: CauseKind) -> Option<Self> {
         Some(match kind {
             CauseKind::RemoteLost => Self::RemoteLost,
             CauseKind::RemoteRecovered => Self::RemoteRecovered,
@@ -190,7 +191,7 @@ struct Queued {
 
 /// Where Events are sent: cheap to clone; sending never waits.
 #[derive(Debug, Clone)]
-pub struct Events {
+pub(crate) struct Events {
     queue: mpsc::Sender<Queued>,
     counts: IntCounterVec,
 }
@@ -211,14 +212,14 @@ fn regarding(pod: &ObjectReference, remote: Option<&str>) -> ObjectReference {
 
 /// The publishing task, to wait for at shutdown.
 #[derive(Debug)]
-pub struct Publisher {
+pub(crate) struct Publisher {
     task: JoinHandle<()>,
 }
 
 impl Publisher {
     /// Waits, at most `PUBLISH_TIMEOUT`, for what was queued to be sent;
     /// every [`Events`] must be dropped first.
-    pub async fn flush(self) {
+    pub(crate) async fn flush(self) {
         let _ = tokio::time::timeout(PUBLISH_TIMEOUT, self.task).await;
     }
 }
@@ -226,7 +227,7 @@ impl Publisher {
 /// The Pod that Events are about, from the downward API; `None` outside a
 /// pod (no `POD_NAME` or `POD_NAMESPACE`).
 #[must_use]
-pub fn own_pod() -> Option<ObjectReference> {
+pub(crate) fn own_pod() -> Option<ObjectReference> {
     let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
     Some(ObjectReference {
         api_version: Some("v1".to_owned()),
@@ -260,7 +261,7 @@ impl Events {
     /// # Errors
     ///
     /// If the metric's name is taken.
-    pub fn start(
+    pub(crate) fn start(
         client: kube::Client,
         pod: ObjectReference,
         registry: &Registry,
@@ -325,7 +326,7 @@ impl Events {
     }
 
     /// Queues an Event; dropped (and counted) when the queue is full.
-    pub fn record(&self, reason: Reason, note: &str) {
+    pub(crate) fn record(&self, reason: Reason, note: &str) {
         self.record_about(reason, note, None);
     }
 
@@ -343,7 +344,7 @@ impl Events {
 
     /// Records each cycle's end and each change of leadership, as
     /// `supervisor` and `election` show them, until `stop`.
-    pub async fn watch(
+    pub(crate) async fn watch(
         self,
         supervisor: SupervisorHandle,
         election: Option<ElectionHandle>,

@@ -9,7 +9,7 @@ use jiff::fmt::friendly::{Designator, Spacing, SpanPrinter};
 /// A configured duration, exactly and in the syntax the config takes:
 /// `10s`, `500ms`, `1m30s`.
 #[must_use]
-pub fn exact(duration: Duration) -> String {
+pub(crate) fn exact(duration: Duration) -> String {
     const PRINTER: SpanPrinter = SpanPrinter::new()
         .designator(Designator::Compact)
         .spacing(Spacing::None);
@@ -19,7 +19,7 @@ pub fn exact(duration: Duration) -> String {
 /// A span of time, rounded to what a person needs at its size: `850ms`,
 /// `12s`, `4m 10s`, `42m`, `3h 5m`, `2d 3h`.
 #[must_use]
-pub fn span(duration: Duration) -> String {
+pub(crate) fn span(duration: Duration) -> String {
     let secs = duration.as_secs();
     match secs {
         0 => format!("{}ms", duration.as_millis()),
@@ -42,7 +42,7 @@ fn two(major: u64, major_unit: &str, minor: u64, minor_unit: &str) -> String {
 
 /// How long ago: `just now` under a second, else `12s ago`.
 #[must_use]
-pub fn ago(duration: Duration) -> String {
+pub(crate) fn ago(duration: Duration) -> String {
     if duration < Duration::from_secs(1) {
         "just now".to_owned()
     } else {
@@ -53,7 +53,7 @@ pub fn ago(duration: Duration) -> String {
 /// A latency in milliseconds, to two significant digits below 10 ms and
 /// whole milliseconds above: `0.42 ms`, `3.4 ms`, `34 ms`, `1250 ms`.
 #[must_use]
-pub fn latency(duration: Duration) -> String {
+pub(crate) fn latency(duration: Duration) -> String {
     let ms = duration.as_secs_f64() * 1000.0;
     if ms < 1.0 {
         format!("{ms:.2} ms")
@@ -66,14 +66,14 @@ pub fn latency(duration: Duration) -> String {
 
 /// A command as a shell would read it back: `/manager --flag 'two words'`.
 #[must_use]
-pub fn command(words: &[String]) -> String {
+pub(crate) fn command(words: &[String]) -> String {
     // try_join fails only on a NUL byte, which no argument can hold.
     shlex::try_join(words.iter().map(String::as_str)).unwrap_or_else(|_| words.join(" "))
 }
 
 /// A whole number with its thousands marked: `10,000`.
 #[must_use]
-pub fn number(n: u64) -> String {
+pub(crate) fn number(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3);
     for (i, digit) in digits.chars().enumerate() {
@@ -88,13 +88,13 @@ pub fn number(n: u64) -> String {
 /// `count` and the noun, singular or plural: `1 success`, `3 failures`,
 /// `10,000 remotes`.
 #[must_use]
-pub fn count(count: u64, one: &str, many: &str) -> String {
+pub(crate) fn count(count: u64, one: &str, many: &str) -> String {
     format!("{} {}", number(count), if count == 1 { one } else { many })
 }
 
 /// A size in bytes as a person reads it: `812 bytes`, `5.0 KiB`, `1.2 MiB`.
 #[must_use]
-pub fn bytes(size: usize) -> String {
+pub(crate) fn bytes(size: usize) -> String {
     #[allow(clippy::cast_precision_loss)] // a size shown to one decimal
     let size_f = size as f64;
     if size < 1024 {

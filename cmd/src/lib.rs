@@ -27,17 +27,21 @@
 //! metrics and health.
 #![deny(missing_docs)]
 
+// The crate's API is what `main`, the benches and the integration tests
+// use; every other module is the crate's own (`unreachable_pub` keeps
+// their items `pub(crate)`).
 pub mod admin;
 pub mod cli;
 pub mod config;
 pub mod daemon;
+pub(crate) mod desired;
 pub mod discovery;
-pub mod events;
-pub mod human;
+pub(crate) mod events;
+pub(crate) mod human;
 pub mod lease;
-pub mod limits;
+pub(crate) mod limits;
 pub mod managers;
-pub mod stdout;
+pub(crate) mod stdout;
 
 /// Locks `mutex`. Every critical section in tether only assigns whole
 /// values, so a poisoned lock still guards a consistent value.

@@ -8,7 +8,7 @@ use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
 /// 1,024) runs out long before the hard one. Returns the soft limit before
 /// and after, when it changed.
 #[must_use]
-pub fn raise_descriptor_limit() -> Option<(u64, u64)> {
+pub(crate) fn raise_descriptor_limit() -> Option<(u64, u64)> {
     let Rlimit { current, maximum } = getrlimit(Resource::Nofile);
     let (Some(soft), Some(hard)) = (current, maximum) else {
         // Unlimited already, or no hard limit to reach.

@@ -41,13 +41,13 @@ use crate::config::{LeaderElectionSpec, WholeSeconds};
 
 /// The longest holder identity kept: Kubernetes names are at most 253
 /// characters. A longer holder is shown cut, and matches no identity.
-pub const MAX_HOLDER: usize = 253;
+pub(crate) const MAX_HOLDER: usize = 253;
 
 /// Who holds a Lease, and until when on this replica's monotonic clock, as
 /// kubert's `Claim`. An empty holder with an expiry to come is someone this
 /// replica cannot name (a Lease it has not seen): not free until then.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Claim {
+pub(crate) struct Claim {
     /// The holder's identity, cut to [`MAX_HOLDER`] and escaped; empty when
     /// none is known.
     pub holder: String,
@@ -58,14 +58,8 @@ pub struct Claim {
 impl Claim {
     /// Whether the claim still holds.
     #[must_use]
-    pub fn is_current(&self) -> bool {
+    pub(crate) fn is_current(&self) -> bool {
         Instant::now() < self.expiry
-    }
-
-    /// Whether the claim still holds, and is `identity`'s.
-    #[must_use]
-    pub fn is_current_for(&self, identity: &str) -> bool {
-        self.holder == identity && self.is_current()
     }
 }
 
@@ -73,7 +67,7 @@ impl Claim {
 /// escaped, and cut to [`MAX_HOLDER`] characters (marked with `…`, so it
 /// equals no valid identity).
 #[must_use]
-pub fn shown_holder(holder: &str) -> String {
+pub(crate) fn shown_holder(holder: &str) -> String {
     tether_supervisor::printable(holder, MAX_HOLDER).into_owned()
 }
 
@@ -293,7 +287,7 @@ pub(crate) enum Lapse {
 
 /// Why one try at a Lease failed. A claim stands until its fence.
 #[derive(Debug, thiserror::Error)]
-pub enum TryError {
+pub(crate) enum TryError {
     /// Another write came between this replica's read and its write.
     #[error(
         "{lease} changed between this replica's read and its write (409 Conflict); it reads it again at the next {turn}"
@@ -436,7 +430,7 @@ mod tests {
         );
         // Renewed: current again, for the duration read.
         let renewed = seen.observe(Some(&record("other", 3, &micro_now())), ME);
-        assert!(renewed.claim.is_current_for("other"));
+        assert!(renewed.claim.holder == "other" && renewed.claim.is_current());
         assert_eq!(
             renewed.claim.expiry,
             Instant::now() + Duration::from_secs(3)

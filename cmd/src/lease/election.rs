@@ -42,7 +42,7 @@ use tokio::time::{Instant, timeout};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-pub use super::Error;
+pub(crate) use super::Error;
 use super::claim::{self, Claimant, Lapse, Observer, TryError, shown_holder};
 use crate::config::LeaderElectionSpec;
 use crate::lock;
@@ -101,7 +101,7 @@ impl ElectionHandle {
 }
 
 /// A running election.
-pub struct Election {
+pub(crate) struct Election {
     spec: LeaderElectionSpec,
     leases: Api<Lease>,
     identity: String,
@@ -123,12 +123,21 @@ impl std::fmt::Debug for Election {
 /// Closes the gate when dropped.
 struct CloseOnDrop<'a>(&'a Election);
 
-/// Why the election stops at a shutdown, after the manager stopped.
-const SHUTTING_DOWN: &str = "shutting down";
+/// A change of this replica's role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Turn {
+    /// It leads from now on.
+    Lead,
+    /// It lost the leadership, for this reason: its manager must stop.
+    Lost(&'static str),
+    /// The election stops at a shutdown, after the manager stopped:
+    /// nothing is lost.
+    ShuttingDown,
+}
 
 impl Drop for CloseOnDrop<'_> {
     fn drop(&mut self) {
-        self.0.set_leading(false, "the election stopped");
+        self.0.turn(Turn::Lost("the election stopped"));
     }
 }
 
@@ -149,7 +158,7 @@ impl Election {
     /// # Errors
     ///
     /// [`Error`] if the Lease's cluster or namespace cannot be found.
-    pub async fn new(spec: LeaderElectionSpec, registry: &Registry) -> Result<Self, Error> {
+    pub(crate) async fn new(spec: LeaderElectionSpec, registry: &Registry) -> Result<Self, Error> {
         let super::Leases {
             api: leases,
             namespace,
@@ -192,14 +201,15 @@ impl Election {
 
     /// A view for the admin server, and the supervisor's gate.
     #[must_use]
-    pub fn handle(&self) -> ElectionHandle {
+    pub(crate) fn handle(&self) -> ElectionHandle {
         ElectionHandle {
             shared: Arc::clone(&self.shared),
             gate: self.gate.subscribe(),
         }
     }
 
-    fn set_leading(&self, leading: bool, why: &str) {
+    fn turn(&self, turn: Turn) {
+        let leading = turn == Turn::Lead;
         if self.gate.send_replace(leading) == leading {
             return;
         }
@@ -208,15 +218,18 @@ impl Election {
         {
             let mut state = lock(&self.shared.state);
             state.leading = leading;
-            state.stopped = !leading && why == SHUTTING_DOWN;
+            state.stopped = turn == Turn::ShuttingDown;
         }
-        if leading {
-            info!(identity = %self.identity, "leading: this replica now runs the manager");
-        } else if why == SHUTTING_DOWN {
-            // The manager has stopped already: nothing was lost.
-            info!(identity = %self.identity, "stopped leading: tether is shutting down");
-        } else {
-            warn!(identity = %self.identity, why, "leadership lost: stopping the manager");
+        match turn {
+            Turn::Lead => {
+                info!(identity = %self.identity, "leading: this replica now runs the manager");
+            }
+            Turn::ShuttingDown => {
+                info!(identity = %self.identity, "stopped leading: tether is shutting down");
+            }
+            Turn::Lost(why) => {
+                warn!(identity = %self.identity, why, "leadership lost: stopping the manager");
+            }
         }
     }
 
@@ -226,7 +239,7 @@ impl Election {
     /// # Cancellation safety
     ///
     /// Cancel `stop` instead of dropping it.
-    pub async fn run(&self, stop: CancellationToken) {
+    pub(crate) async fn run(&self, stop: CancellationToken) {
         // However this ends (a panic, the future dropped), the gate closes:
         // a leader whose election no longer runs must not go on leading.
         let _closes = CloseOnDrop(self);
@@ -242,7 +255,7 @@ impl Election {
             follows: None,
         };
         claim::keep(&mut candidate, &self.spec, &stop).await;
-        self.set_leading(false, SHUTTING_DOWN);
+        self.turn(Turn::ShuttingDown);
     }
 
     /// The Lease as it is now, for `tether check`: its holder (escaped,
@@ -252,7 +265,7 @@ impl Election {
     /// # Errors
     ///
     /// If the Lease cannot be read within `retryPeriod`.
-    pub async fn holder(&self) -> Result<Option<(String, Option<Duration>)>, TryError> {
+    pub(crate) async fn holder(&self) -> Result<Option<(String, Option<Duration>)>, TryError> {
         let lease = timeout(
             self.spec.retry_period,
             self.leases.get_opt(&self.spec.lease_name),
@@ -275,14 +288,14 @@ impl Election {
 
     /// This replica's identity.
     #[must_use]
-    pub fn identity(&self) -> &str {
+    pub(crate) fn identity(&self) -> &str {
         &self.identity
     }
 
     /// Releases the Lease if this process holds it, as client-go's
     /// `ReleaseOnCancel`: no holder, `leaseDurationSeconds: 1`, so another
     /// replica takes it at its next try. Call it after the manager stopped.
-    pub async fn release(&self) {
+    pub(crate) async fn release(&self) {
         let attempt = async {
             let Some(mut lease) = self.leases.get_opt(&self.spec.lease_name).await? else {
                 return Ok::<bool, kube::Error>(false);
@@ -396,7 +409,7 @@ impl Claimant for Candidate<'_> {
         if waiting.is_none() {
             self.leads_from = None;
             self.follows = None;
-            election.set_leading(true, "");
+            election.turn(Turn::Lead);
         }
         Ok(Some(sent))
     }
@@ -408,7 +421,7 @@ impl Claimant for Candidate<'_> {
         };
         self.leads_from = None;
         lock(&self.election.shared.state).leads_in = None;
-        self.election.set_leading(false, why);
+        self.election.turn(Turn::Lost(why));
     }
 
     fn note(&mut self, error: Option<&TryError>) {

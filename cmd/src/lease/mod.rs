@@ -2,8 +2,8 @@
 //! sharing of remotes among replicas. Both know kube, and nothing of the
 //! supervisor.
 
-pub mod claim;
-pub mod election;
+pub(crate) mod claim;
+pub(crate) mod election;
 pub mod shard;
 
 use k8s_openapi::api::coordination::v1::Lease;

@@ -37,7 +37,7 @@ const SCAN_EVERY: Duration = Duration::from_secs(1);
 /// How long a zombie in tether's own process group is left to whoever
 /// started it: far longer than any starter takes to wait once its child
 /// has ended, short enough that a leaked one does not linger.
-pub const OWN_GROUP_GRACE: Duration = Duration::from_secs(300);
+pub(crate) const OWN_GROUP_GRACE: Duration = Duration::from_secs(300);
 
 /// The processes tether waits for itself, by pid (also their process
 /// groups: each is its group's leader).
@@ -45,7 +45,7 @@ static OWN: Mutex<BTreeSet<i32>> = Mutex::new(BTreeSet::new());
 
 /// While alive, marks `pid` as a process tether waits for itself.
 #[derive(Debug)]
-pub struct Own(i32);
+pub(crate) struct Own(i32);
 
 impl Drop for Own {
     fn drop(&mut self) {
@@ -63,7 +63,7 @@ impl Drop for Own {
 /// # Errors
 ///
 /// The spawn's error, when the command cannot be started.
-pub fn spawn_own(command: &mut tokio::process::Command) -> std::io::Result<(Child, Own)> {
+pub(crate) fn spawn_own(command: &mut tokio::process::Command) -> std::io::Result<(Child, Own)> {
     let mut own = crate::lock(&OWN);
     let child = command.spawn()?;
     let pid = child
@@ -75,7 +75,7 @@ pub fn spawn_own(command: &mut tokio::process::Command) -> std::io::Result<(Chil
 }
 
 /// Starts reaping if this process is PID 1; does nothing otherwise.
-pub fn start_if_init() {
+pub(crate) fn start_if_init() {
     if rustix::process::getpid().is_init() {
         tokio::spawn(reap_forever());
     }

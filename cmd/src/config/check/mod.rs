@@ -209,7 +209,7 @@ impl Checker<'_> {
         let path = self.base.join(value);
         readable_file(&path)
             .map(|()| path)
-            .map_err(|err| self.error(field, err.to_string()))
+            .map_err(|err| self.error(field, tether_supervisor::error_chain(&err)))
     }
 
     /// Every section of `raw` but the manager (handed back unchecked),

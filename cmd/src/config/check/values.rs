@@ -60,7 +60,7 @@ pub enum FileError {
     #[error("{} is a directory, not a file", .0.display())]
     Directory(PathBuf),
     /// It cannot be opened: permissions, a symlink loop, ...
-    #[error("cannot read {}: {source}", .path.display())]
+    #[error("cannot read {}", .path.display())]
     Unreadable {
         /// The file.
         path: PathBuf,
