@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use serde_json::json;
 use tether_probes::Reachability;
+use tether_sim::{ApiServer, Fault, Options, Resource};
 use tether_supervisor::Phase;
-use tether_testkit::{ApiServer, Fault, Options, Resource};
 use tokio::time::Instant;
 
 use crate::config::Config;
@@ -29,7 +29,7 @@ const OUTAGE_FOR: Duration = Duration::from_secs(15);
 pub(super) enum DemoError {
     /// A simulated remote could not start.
     #[error("starting a simulated remote failed")]
-    Remote(#[from] tether_testkit::Error),
+    Remote(#[from] tether_sim::Error),
     /// Writing its files failed.
     #[error("writing the demo's files failed")]
     Io(#[from] std::io::Error),

@@ -38,6 +38,44 @@ pub async fn poll<T>(
     }
 }
 
+/// Waits until `check` gives `Some`, looking every [`EVERY`] for at most
+/// `within`, and returns what it gave: the one wait every test uses.
+///
+/// # Panics
+///
+/// If it never did, naming `what` it waited for and for how long. A test
+/// whose subject has logs prints them as it unwinds (the `Tether` of
+/// tether's tests does).
+pub async fn until<T>(
+    what: impl std::fmt::Display,
+    within: Duration,
+    check: impl AsyncFnMut() -> Option<T>,
+) -> T {
+    until_every(what, within, EVERY, check).await
+}
+
+/// As [`until`], looking every `every`: for a check that costs a process
+/// (a `kubectl` call), less often than [`EVERY`].
+///
+/// # Panics
+///
+/// If `check` never gave `Some`, naming `what`.
+pub async fn until_every<T>(
+    what: impl std::fmt::Display,
+    within: Duration,
+    every: Duration,
+    check: impl AsyncFnMut() -> Option<T>,
+) -> T {
+    let started = Instant::now();
+    match poll(within, every, check).await {
+        Some(value) => value,
+        None => panic!(
+            "never within {within:?} ({:.1?} waited): {what}",
+            started.elapsed()
+        ),
+    }
+}
+
 /// A port free on 127.0.0.1 now, as [`free_port_on`] finds one.
 ///
 /// # Panics
@@ -48,18 +86,33 @@ pub fn free_port() -> u16 {
     free_port_on(Ipv4Addr::LOCALHOST).expect("a free port on 127.0.0.1")
 }
 
-/// A port free on `ip` now, from 10000–31999: below the kernel's ephemeral
-/// range (32768 and up by default), so no outgoing connection (a busy
-/// apiserver opens many to etcd) and no server bound to port 0 can take it
-/// before the process it is meant for binds it; and never one this process
-/// handed out before, so two processes started together never share one.
-/// `None` if none was found.
+/// The ports [`free_port_on`] hands out: 10000–31999, or the range
+/// `TETHER_TEST_PORTS` names (`first-last`), so that test binaries run side
+/// by side (`scripts/test`'s lanes) never hand out the same port.
+fn port_range() -> std::ops::RangeInclusive<u16> {
+    std::env::var("TETHER_TEST_PORTS")
+        .ok()
+        .and_then(|range| {
+            let (first, last) = range.split_once('-')?;
+            Some(first.trim().parse().ok()?..=last.trim().parse().ok()?)
+        })
+        .filter(|range: &std::ops::RangeInclusive<u16>| !range.is_empty())
+        .unwrap_or(10_000..=31_999)
+}
+
+/// A port free on `ip` now, from [`port_range`]: below the kernel's
+/// ephemeral range (32768 and up by default), so no outgoing connection (a
+/// busy apiserver opens many to etcd) and no server bound to port 0 can take
+/// it before the process it is meant for binds it; and never one this
+/// process handed out before, so two processes started together never share
+/// one. `None` if none was found.
 #[must_use]
 pub fn free_port_on(ip: Ipv4Addr) -> Option<u16> {
     static TAKEN: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
     let mut taken = TAKEN.lock().unwrap_or_else(PoisonError::into_inner);
+    let range = port_range();
     (0..1000)
-        .map(|_| 10_000 + fastrand::u16(..22_000))
+        .map(|_| fastrand::u16(range.clone()))
         .find(|port| !taken.contains(port) && std::net::TcpListener::bind((ip, *port)).is_ok())
         .inspect(|port| {
             taken.insert(*port);

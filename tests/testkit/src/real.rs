@@ -139,7 +139,7 @@ struct Credentials {
 impl Credentials {
     /// Makes them and writes the files the apiserver reads into `dir`.
     fn generate(name: &str, ip: IpAddr, dir: &Path) -> Result<Self> {
-        let ca = crate::tls::certificate_authority(&format!("{name}-ca"))?;
+        let ca = tether_sim::certificate_authority(&format!("{name}-ca"))?;
 
         let mut serving = CertificateParams::new(vec![
             "localhost".to_owned(),

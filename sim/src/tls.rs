@@ -10,7 +10,11 @@ use rustls::server::WebPkiClientVerifier;
 use crate::{Error, Result};
 
 /// A fresh self-signed CA named `name`, with a key of its own.
-pub(crate) fn certificate_authority(name: &str) -> Result<CertifiedIssuer<'static, KeyPair>> {
+///
+/// # Errors
+///
+/// [`Error::Tls`] if rcgen cannot make it.
+pub fn certificate_authority(name: &str) -> Result<CertifiedIssuer<'static, KeyPair>> {
     let mut params = CertificateParams::new(Vec::<String>::new()).map_err(Error::Tls)?;
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     params.distinguished_name.push(DnType::CommonName, name);
