@@ -261,26 +261,21 @@ async fn an_unreachable_remote_pages_through_prometheus_and_alertmanager() {
     let (_alertmanager, _prometheus, prom) = start_monitoring(&work, &admin, hook_addr);
 
     // Wait until Prometheus scrapes every remote's reachability.
-    let started = Instant::now();
-    loop {
-        let body = http_get(
+    let scraped = async || {
+        let (_, body) = http_get(
             &prom,
             "/api/v1/query?query=count(tether_remote_apiserver_reachable%3D%3D1)",
         )
-        .await
-        .map(|(_, body)| body);
-        if body
-            .as_deref()
-            .is_some_and(|b| b.contains("\"value\":[") && b.contains(",\"3\"]"))
-        {
-            break;
-        }
-        assert!(
-            started.elapsed() < DEADLINE,
-            "Prometheus never saw three reachable remotes: {body:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+        .await?;
+        (body.contains("\"value\":[") && body.contains(",\"3\"]")).then_some(())
+    };
+    common::until_every(
+        "Prometheus sees three reachable remotes",
+        DEADLINE,
+        Duration::from_millis(250),
+        scraped,
+    )
+    .await;
 
     let refused_at = Instant::now();
     b.set_fault(Fault::Refuse).await.expect("refuse");

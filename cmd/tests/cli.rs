@@ -430,8 +430,9 @@ mod check {
             .lines()
             .find(|l| l.starts_with("b "))
             .expect("a row for b");
+        // Under load a refusing port can read as a reset.
         assert!(
-            row.contains("unreachable") && row.contains("refused"),
+            row.contains("unreachable") && (row.contains("refused") || row.contains("reset")),
             "{row}"
         );
     }

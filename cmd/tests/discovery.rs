@@ -49,15 +49,10 @@ async fn until(
     pred: impl Fn(Option<f64>) -> bool,
 ) -> Duration {
     let started = Instant::now();
-    let reached = poll(DEADLINE, EVERY, async || {
+    common::until(format!("{metric}{labels:?} {what}"), DEADLINE, async || {
         pred(series(tether, metric, labels).await).then_some(())
     })
     .await;
-    assert!(
-        reached.is_some(),
-        "{metric}{labels:?} never became {what}; logs:\n{}",
-        tether.logs()
-    );
     started.elapsed()
 }
 

@@ -7,10 +7,10 @@
 mod common;
 
 use std::path::Path;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use common::{
-    DEADLINE, EVERY, Shape, Tether, children, exec_kubeconfig, free_port, poll, remote, running,
+    DEADLINE, Shape, Tether, children, exec_kubeconfig, free_port, remote, running, until,
 };
 use serde_json::Value;
 use tether_testkit::{ApiServer, Fault};
@@ -60,13 +60,11 @@ async fn status(tether: &Tether) -> Value {
 
 /// Waits until `/status.json`'s process section satisfies `pred`.
 async fn until_process(tether: &Tether, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
-    let mut last = Value::Null;
-    let process = poll(DEADLINE, EVERY, async || {
-        last = status(tether).await["process"].clone();
-        pred(&last).then(|| last.clone())
+    until(format!("the process {what}"), DEADLINE, async || {
+        let process = status(tether).await["process"].clone();
+        pred(&process).then_some(process)
     })
-    .await;
-    process.unwrap_or_else(|| panic!("the process never {what}: {last}\nlogs:\n{}", tether.logs()))
+    .await
 }
 
 /// Waits for the first log event after `since` that `matches`.
@@ -75,11 +73,10 @@ async fn until_event(
     since: SystemTime,
     matches: impl Fn(&Value) -> bool,
 ) -> SystemTime {
-    poll(DEADLINE, EVERY, async || {
+    until("a log event that matches", DEADLINE, async || {
         tether.first_event(since, &matches)
     })
     .await
-    .unwrap_or_else(|| panic!("no such event; logs:\n{}", tether.logs()))
 }
 
 fn says(event: &Value, message: &str) -> bool {
@@ -88,19 +85,23 @@ fn says(event: &Value, message: &str) -> bool {
 
 /// Waits until `pid` is no longer running, for at most [`DEADLINE`].
 async fn until_gone(pid: u32, what: &str) {
-    let every = Duration::from_millis(20);
-    let gone = poll(DEADLINE, every, async || (!running(pid)).then_some(())).await;
-    assert!(gone.is_some(), "{what}: {pid} still runs");
+    until(format!("{what}: {pid} gone"), DEADLINE, async || {
+        (!running(pid)).then_some(())
+    })
+    .await;
 }
 
 async fn until_file(path: &Path) -> String {
-    poll(DEADLINE, EVERY, async || {
-        std::fs::read_to_string(path)
-            .ok()
-            .filter(|text| text.ends_with('\n'))
-    })
+    until(
+        format!("{} written", path.display()),
+        DEADLINE,
+        async || {
+            std::fs::read_to_string(path)
+                .ok()
+                .filter(|text| text.ends_with('\n'))
+        },
+    )
     .await
-    .unwrap_or_else(|| panic!("{} never appeared", path.display()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -123,15 +124,10 @@ async fn a_lost_remote_stops_kubectl_and_a_new_kubectl_lists_again() {
         let tether = start(&server, &exec(&command, ", gracePeriod: 2s"));
         let first = until_process(&tether, "started", |p| p["pid"].is_u64()).await["pid"].clone();
         // kubectl's output passes through tether's stdout unchanged.
-        let listed = Instant::now();
-        while !tether.output().contains("configmap/cm-2") {
-            assert!(
-                listed.elapsed() < DEADLINE,
-                "kubectl never listed: {}",
-                tether.output()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        until("kubectl lists configmap/cm-2", DEADLINE, async || {
+            tether.output().contains("configmap/cm-2").then_some(())
+        })
+        .await;
         tether.until_ready(true).await;
 
         let struck = SystemTime::now();
@@ -185,15 +181,12 @@ async fn a_lost_remote_stops_kubectl_and_a_new_kubectl_lists_again() {
         let before = tether.output().matches("configmap/cm-2").count();
         let back = SystemTime::now();
         server.set_fault(Fault::Up).await.expect("up");
-        let relisted = Instant::now();
-        while tether.output().matches("configmap/cm-2").count() <= before {
-            assert!(
-                relisted.elapsed() < DEADLINE,
-                "{fault}: no new kubectl listed after recovery; logs:\n{}",
-                tether.logs()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        until(
+            format!("{fault}: a new kubectl lists after recovery"),
+            DEADLINE,
+            async || (tether.output().matches("configmap/cm-2").count() > before).then_some(()),
+        )
+        .await;
         let now = until_process(&tether, "restarted", |p| p["pid"].is_u64()).await;
         assert_ne!(now["pid"], first, "{fault}: a new kubectl, not the old one");
         println!(
@@ -380,19 +373,15 @@ async fn the_manager_is_up_only_once_the_childs_readiness_answers() {
     until_process(&tether, "started", |p| p["pid"].is_u64()).await;
     let listening = || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
     let mut seen_down = false;
-    let started = Instant::now();
-    loop {
-        let up = tether.metric("tether_manager_up").await;
-        if up == Some(1.0) {
+    until("the manager up", DEADLINE, async || {
+        if tether.metric("tether_manager_up").await == Some(1.0) {
             assert!(listening(), "up before the child's endpoint answered");
-            break;
+            return Some(());
         }
-        if !listening() {
-            seen_down = true;
-        }
-        assert!(started.elapsed() < DEADLINE, "never up: {}", tether.logs());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        seen_down |= !listening();
+        None
+    })
+    .await;
     assert!(
         seen_down,
         "the manager was seen down while its endpoint was closed"
@@ -470,31 +459,20 @@ async fn as_pid_1_tether_reaps_an_orphaned_grandchild() {
         .next()
         .expect("tether runs under unshare");
     // First the orphan is tether's child (it sleeps a second)...
-    let started = Instant::now();
-    while children(init).len() < 2 {
-        assert!(
-            started.elapsed() < DEADLINE,
-            "the orphan was never reparented to tether"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until("the orphan reparented to tether", DEADLINE, async || {
+        (children(init).len() >= 2).then_some(())
+    })
+    .await;
     // ...then, once it exits, it must not stay a zombie.
-    loop {
-        let zombies: Vec<u32> = children(init)
-            .into_iter()
-            .filter(|p| !running(*p))
-            .collect();
-        let others = children(init).len();
-        if zombies.is_empty() && others == 1 {
-            break;
-        }
-        assert!(
-            started.elapsed() < DEADLINE,
-            "tether (pid 1) left zombies {zombies:?} among its {others} children; logs:\n{}",
-            tether.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until(
+        "tether (pid 1) has no zombie, and only its manager as a child",
+        DEADLINE,
+        async || {
+            let zombies = children(init).into_iter().filter(|p| !running(*p)).count();
+            (zombies == 0 && children(init).len() == 1).then_some(())
+        },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -546,18 +524,11 @@ async fn as_pid_1_tether_warns_of_a_process_that_left_the_managers_group() {
             ..Shape::default()
         },
     );
-    let started = Instant::now();
-    while !tether
-        .logs()
-        .contains("a process left the manager's process group")
-    {
-        assert!(
-            started.elapsed() < DEADLINE,
-            "no warning; logs:\n{}",
-            tether.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let warning = "a process left the manager's process group";
+    until(warning, DEADLINE, async || {
+        tether.logs().contains(warning).then_some(())
+    })
+    .await;
     // Only the escapee, by the name it settled on: never the manager
     // itself, seen between its fork and its registration.
     let logs = tether.logs();

@@ -81,45 +81,31 @@ async fn up(replica: &Replica) -> bool {
 
 /// Waits until exactly one replica leads with its manager up; its index.
 async fn one_leader_up(replicas: &[Replica]) -> usize {
-    let started = Instant::now();
-    loop {
+    common::until("one leader with its manager up", DEADLINE, async || {
         let mut leaders = Vec::new();
         for (i, r) in replicas.iter().enumerate() {
             if leading(r).await {
                 leaders.push(i);
             }
         }
-        if let [only] = leaders[..]
-            && up(&replicas[only]).await
-        {
-            return only;
-        }
         assert!(leaders.len() <= 1, "two replicas lead at once: {leaders:?}");
-        assert!(
-            started.elapsed() < DEADLINE,
-            "no leader with its manager up"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        match leaders[..] {
+            [only] if up(&replicas[only]).await => Some(only),
+            _ => None,
+        }
+    })
+    .await
 }
 
 /// Waits until `replica` has read the Lease and seen `holder` hold it.
 async fn sees_holder(replica: &Replica, holder: &str) {
-    let started = Instant::now();
-    loop {
-        if let Some((200, body)) = replica.tether.get("/status.json").await {
-            let status: serde_json::Value = serde_json::from_str(&body).expect("JSON");
-            if status["election"]["holder"] == holder {
-                return;
-            }
-        }
-        assert!(
-            started.elapsed() < DEADLINE,
-            "{} never saw {holder} hold the Lease",
-            replica.id
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let what = format!("{} sees {holder} hold the Lease", replica.id);
+    common::until(what, DEADLINE, async || {
+        let (code, body) = replica.tether.get("/status.json").await?;
+        let status: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+        (code == 200 && status["election"]["holder"] == holder).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -385,23 +371,20 @@ async fn partitioned_leader(server: &impl Cluster, which: &str, trials: usize) {
         replicas[leader].relay.set(path);
         // Another replica takes over; the partitioned one must have stopped
         // first, which the witness log shows.
-        let started = Instant::now();
-        let new = loop {
-            let mut found = None;
-            for (i, r) in replicas.iter().enumerate() {
-                if i != leader && leading(r).await && up(r).await {
-                    found = Some(i);
+        let new = common::until(
+            format!("trial {trial}: another replica takes over"),
+            DEADLINE,
+            async || {
+                let mut found = None;
+                for (i, r) in replicas.iter().enumerate() {
+                    if i != leader && leading(r).await && up(r).await {
+                        found = Some(i);
+                    }
                 }
-            }
-            if let Some(i) = found {
-                break i;
-            }
-            assert!(
-                started.elapsed() < DEADLINE,
-                "trial {trial}: no replica took over"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
+                found
+            },
+        )
+        .await;
         took.push(cut.elapsed());
         assert!(
             !leading(&replicas[leader]).await,
@@ -411,14 +394,15 @@ async fn partitioned_leader(server: &impl Cluster, which: &str, trials: usize) {
         assert_ne!(new, leader);
     }
     // The last leader's child may not have written its start yet.
-    let started = Instant::now();
-    let runs = loop {
-        let runs = witness.runs();
-        if runs.len() > trials || started.elapsed() > DEADLINE {
-            break runs;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let runs = common::until(
+        "a run in the witness log per trial, and one more",
+        DEADLINE,
+        async || {
+            let runs = witness.runs();
+            (runs.len() > trials).then_some(runs)
+        },
+    )
+    .await;
     let log = std::fs::read_to_string(&witness.log).expect("the witness log");
     let overlap = overlap(&runs);
     let (median, max) = common::median_max(took);

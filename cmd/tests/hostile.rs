@@ -10,12 +10,12 @@ use std::time::Duration;
 
 mod common;
 
-use common::{DEADLINE, EVERY, Shape, Tether, exec_kubeconfig, poll, probes, remote};
+use common::{DEADLINE, Shape, Tether, exec_kubeconfig, probes, remote, until};
 use tokio::time::Instant;
 
 /// Polls `/status.json` until `name`'s local error satisfies `pred`.
 async fn until_local_error(tether: &Tether, name: &str, pred: impl Fn(&str) -> bool) -> String {
-    poll(DEADLINE, EVERY, async || {
+    until(format!("{name}'s local error"), DEADLINE, async || {
         tether
             .remote_status(name)
             .await
@@ -23,7 +23,6 @@ async fn until_local_error(tether: &Tether, name: &str, pred: impl Fn(&str) -> b
             .filter(|error| pred(error))
     })
     .await
-    .unwrap_or_else(|| panic!("{name}'s local error never came; logs:\n{}", tether.logs()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -368,15 +367,12 @@ async fn no_descriptor_left_is_a_local_error_never_a_lost_remote() {
     let (mut servers, tether) = many_under(64, "-n 64").await;
     // While it has none to spare, its admin server may not get one either:
     // watch its logs.
-    let started = Instant::now();
-    while !tether.logs().contains("kind=descriptors") {
-        assert!(
-            started.elapsed() < DEADLINE,
-            "no local error for want of descriptors; logs:\n{}",
-            tether.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until(
+        "a local error for want of descriptors",
+        DEADLINE,
+        async || tether.logs().contains("kind=descriptors").then_some(()),
+    )
+    .await;
     // Five probe intervals more: no remote is lost for it. Which remotes
     // hold a descriptor is up to the race for them, so count on one that
     // is being probed.
@@ -492,11 +488,10 @@ async fn a_hostile_status_message_can_neither_forge_nor_flood_the_log() {
             ..Shape::default()
         },
     );
-    let started = Instant::now();
-    while !tether.logs().contains("watch failing") {
-        assert!(started.elapsed() < DEADLINE, "{}", tether.logs());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until("watch failing", DEADLINE, async || {
+        tether.logs().contains("watch failing").then_some(())
+    })
+    .await;
     // Let the watch fail a few more times.
     probes(&healthy, 3).await;
     let logs = tether.logs();
@@ -585,17 +580,12 @@ async fn an_endless_lease_answer_costs_a_try_not_memory() {
         },
     );
     let pid = tether.child.id().expect("running");
-    let started = Instant::now();
-    let error = loop {
-        if let Some((_, body)) = tether.get("/status.json").await {
-            let status: serde_json::Value = serde_json::from_str(&body).expect("JSON");
-            if let Some(e) = status["election"]["lastError"].as_str() {
-                break e.to_owned();
-            }
-        }
-        assert!(started.elapsed() < DEADLINE, "{}", tether.logs());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let error = until("the election's last error", DEADLINE, async || {
+        let (_, body) = tether.get("/status.json").await?;
+        let status: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+        status["election"]["lastError"].as_str().map(str::to_owned)
+    })
+    .await;
     assert!(error.contains("passed 1 MiB"), "{error}");
     // Several tries later, memory has not grown with the bodies.
     probes(&a, 3).await;
@@ -647,16 +637,15 @@ async fn an_enormous_or_escaping_lease_holder_is_cut_and_never_shown_raw() {
                 ..Shape::default()
             },
         );
-        let started = Instant::now();
-        let body = loop {
-            if let Some((_, body)) = tether.get("/status.json").await
-                && body.contains(check)
-            {
-                break body;
-            }
-            assert!(started.elapsed() < DEADLINE, "{}", tether.logs());
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        };
+        let body = until(
+            format!("/status.json shows {check}"),
+            DEADLINE,
+            async || {
+                let (_, body) = tether.get("/status.json").await?;
+                body.contains(check).then_some(body)
+            },
+        )
+        .await;
         assert!(
             body.len() < 64 * 1024,
             "/status.json is {} bytes",

@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{DEADLINE, Shape, Tether, children, kill, real_plane};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -130,8 +130,7 @@ impl World {
     /// Waits until one candidate writes steadily (five writes in a row)
     /// after line `after` of the log; its identity.
     async fn acting(&self, after: usize) -> String {
-        let since = Instant::now();
-        loop {
+        let steady = common::poll(DEADLINE, common::EVERY, async || {
             let log = self.log();
             let writers: Vec<&str> = log
                 .lines()
@@ -139,18 +138,19 @@ impl World {
                 .filter_map(|l| l.strip_prefix("write "))
                 .filter_map(|l| l.split_whitespace().nth(1))
                 .collect();
-            if let [.., a, b, c, d, e] = writers[..]
-                && [b, c, d, e].iter().all(|w| *w == a)
-            {
-                return a.to_owned();
-            }
-            assert!(
-                since.elapsed() < DEADLINE,
+            // The last five writes, by one writer.
+            let last = writers.get(writers.len().checked_sub(5)?..)?;
+            last.iter()
+                .all(|w| *w == last[0])
+                .then(|| last[0].to_owned())
+        })
+        .await;
+        steady.unwrap_or_else(|| {
+            panic!(
                 "no candidate acted steadily; the witness:\n{}",
-                tail(&log)
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+                tail(&self.log())
+            )
+        })
     }
 
     async fn leases(&self) -> kube::Api<Lease> {

@@ -66,14 +66,9 @@ async fn no_task_outlives_its_cycle_across_fifty_cycles() {
     assert_eq!(outcome, tether_supervisor::ShutdownOutcome::Clean);
 }
 
-/// Polls `done` every 10ms for up to 20s; panics naming `what`.
+/// Waits until `done` holds, for up to 20s; panics naming `what`.
 async fn until(what: &str, done: impl Fn() -> bool) {
-    let every = Duration::from_millis(10);
-    let happened = common::poll(Duration::from_secs(20), every, async || {
-        done().then_some(())
-    })
-    .await;
-    assert!(happened.is_some(), "never happened: {what}");
+    common::until(what, Duration::from_secs(20), async || done().then_some(())).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -78,9 +78,7 @@ async fn status(tether: &Tether) -> Option<Value> {
 
 /// Waits, bounded, until `done` holds; `what` names it if it never does.
 async fn until(what: &str, mut done: impl AsyncFnMut() -> bool) {
-    let every = Duration::from_millis(20);
-    let happened = common::poll(DEADLINE, every, async || done().await.then_some(())).await;
-    assert!(happened.is_some(), "never: {what}");
+    common::until(what, DEADLINE, async || done().await.then_some(())).await;
 }
 
 /// Whether some replica leads with its manager up.

@@ -75,7 +75,7 @@ async fn lost_once_then_back(
     b: &ControlPlane,
     strike: impl AsyncFnOnce(),
     heal: impl AsyncFnOnce(),
-    cause: &str,
+    causes: &[&str],
 ) -> Duration {
     let tether = tether(&[("a", a), ("b", b)], Shape::default());
     tether.until_ready(true).await;
@@ -87,7 +87,7 @@ async fn lost_once_then_back(
             v == 1.0
         })
         .await;
-    assert_eq!(tether.last_cause("b").await.as_deref(), Some(cause));
+    tether.lost_for("b", causes, "lost once").await;
     tether
         .still_lost_once("b", 6, "rebuilt again while down")
         .await;
@@ -113,7 +113,7 @@ async fn lost_once_then_back(
         let synced = format!("tether_watch_synced{{remote=\"{remote}\",resource=\"configmaps\"}}");
         assert_eq!(tether.metric(&synced).await, Some(1.0), "{remote}");
     }
-    println!("real remote, {cause}: unreachable after {took:?}");
+    println!("real remote, {causes:?}: unreachable after {took:?}");
     took
 }
 
@@ -125,7 +125,7 @@ async fn a_killed_apiserver_is_refused_lost_once_and_back_after_its_restart() {
         &b,
         async || b.stop(),
         async || b.restart().await.expect("restart"),
-        "refused",
+        common::REFUSED,
     )
     .await;
 }
@@ -133,7 +133,14 @@ async fn a_killed_apiserver_is_refused_lost_once_and_back_after_its_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_apiserver_is_hung_lost_once_and_back_after_sigcont() {
     let (a, b) = two().await;
-    lost_once_then_back(&a, &b, async || b.pause(), async || b.resume(), "timeout").await;
+    lost_once_then_back(
+        &a,
+        &b,
+        async || b.pause(),
+        async || b.resume(),
+        &["timeout"],
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -148,7 +155,7 @@ async fn a_blackholed_apiserver_is_lost_as_timeout_and_back_when_packets_pass() 
                 .expect("nft drops the port (apt-get install nftables)");
         },
         async || b.blackhole(false).expect("nft passes it again"),
-        "timeout",
+        &["timeout"],
     )
     .await;
 }
@@ -280,7 +287,7 @@ async fn a_shutting_down_apiserver_is_not_ready_through_its_delay_then_lost() {
             )
             .await;
             assert!(took >= delay, "lost during the delay, after {took:?}");
-            assert_eq!(tether.last_cause("b").await.as_deref(), Some("refused"));
+            tether.lost_for("b", common::REFUSED, "shutting down").await;
             println!(
                 "real remote, shutting down: not ready at once, refused and lost after {took:?}"
             );

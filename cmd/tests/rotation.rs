@@ -134,22 +134,18 @@ async fn rotated(b: &ApiServer, what: Rotation, changed: &str, ends_cycle: bool)
     b.rotate(what).expect("rotate");
     volume.update(&keys(b));
     let said = format!("{changed} changed; client rebuilt");
-    loop {
-        if tether
-            .logs()
-            .lines()
-            .any(|l| l.contains(&said) && l.contains("remote=b"))
-        {
-            break;
-        }
-        assert!(
-            rotated.elapsed() < detection_bound(),
-            "{what:?}: no {said:?} within {:?}; logs:\n{}",
-            detection_bound(),
-            tether.logs()
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    common::until(
+        format!("{what:?}: {said:?} for b"),
+        detection_bound().saturating_sub(rotated.elapsed()),
+        async || {
+            tether
+                .logs()
+                .lines()
+                .any(|l| l.contains(&said) && l.contains("remote=b"))
+                .then_some(())
+        },
+    )
+    .await;
     let ready = format!(
         "tether_remote_apiserver_ready{{host=\"{}\",remote=\"b\"}}",
         b.addr()
@@ -255,13 +251,10 @@ async fn a_bad_rotation_keeps_the_last_good_settings_and_a_good_one_follows() {
     let since = Instant::now();
     volume.update(&bad);
     let refused = "certificate-authority changed, but cannot be used";
-    loop {
-        if tether.logs().contains(refused) {
-            break;
-        }
-        assert!(since.elapsed() < detection_bound(), "{}", tether.logs());
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    common::until(refused, detection_bound(), async || {
+        tether.logs().contains(refused).then_some(())
+    })
+    .await;
     // Still probed with the old, good CA.
     let probes = "tether_remote_probe_duration_seconds_count{remote=\"b\",result=\"reachable\"}";
     let before = tether.metric(probes).await.expect("b probed");
@@ -277,11 +270,10 @@ async fn a_bad_rotation_keeps_the_last_good_settings_and_a_good_one_follows() {
 
     volume.update(&keys(&b));
     let rebuilt = "certificate-authority changed; client rebuilt";
-    loop {
-        if tether.logs().contains(rebuilt) {
-            break;
-        }
-        assert!(since.elapsed() < detection_bound() * 3, "{}", tether.logs());
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    common::until(
+        rebuilt,
+        (detection_bound() * 3).saturating_sub(since.elapsed()),
+        async || tether.logs().contains(rebuilt).then_some(()),
+    )
+    .await;
 }

@@ -143,33 +143,25 @@ async fn until_settled(
             (r.name.clone(), owner.to_owned())
         })
         .collect();
-    let mut got = BTreeMap::new();
-    let settled = common::poll(DEADLINE, common::EVERY, async || {
-        got = BTreeMap::new();
-        let mut settled = true;
+    let what = format!("the shares settle as {want:?}");
+    common::until(what, DEADLINE, async || {
+        let mut got = BTreeMap::new();
         for replica in replicas {
-            match share(replica).await {
-                Some((owned, 0, members)) if members == replicas.len() => {
-                    for name in owned {
-                        if got.insert(name, replica.id.clone()).is_some() {
-                            settled = false;
-                        }
-                    }
+            let Some((owned, 0, members)) = share(replica).await else {
+                return None;
+            };
+            if members != replicas.len() {
+                return None;
+            }
+            for name in owned {
+                if got.insert(name, replica.id.clone()).is_some() {
+                    return None;
                 }
-                _ => settled = false,
             }
         }
-        (settled && got == want).then(|| started.elapsed())
+        (got == want).then(|| (got, started.elapsed()))
     })
-    .await;
-    let Some(took) = settled else {
-        panic!(
-            "the shares never settled: want {want:?}, got {got:?}; logs of {}:\n{}",
-            replicas[0].id,
-            replicas[0].tether.logs()
-        );
-    };
-    (got, took)
+    .await
 }
 
 /// Asserts that, from now on, each remote is probed by its owner alone:
@@ -184,32 +176,32 @@ async fn probed_by_owners_alone(owners: &BTreeMap<String, String>, remotes: &[Re
             .collect()
     };
     let before: Vec<BTreeMap<String, u64>> = remotes.iter().map(count).collect();
-    let started = Instant::now();
-    loop {
-        let now: Vec<BTreeMap<String, u64>> = remotes.iter().map(count).collect();
-        let mut done = true;
-        for ((remote, before), now) in remotes.iter().zip(&before).zip(&now) {
-            let owner = &owners[&remote.name];
-            for (user, count) in now {
-                let grew = count - before.get(user).copied().unwrap_or(0);
-                if user == owner {
-                    done &= grew >= 2;
-                } else {
-                    assert_eq!(
-                        grew, 0,
-                        "{} is {owner}'s, but {user} probed it too",
-                        remote.name
-                    );
+    common::until(
+        "two more probes of each remote by its owner",
+        DEADLINE,
+        async || {
+            let now: Vec<BTreeMap<String, u64>> = remotes.iter().map(count).collect();
+            let mut done = true;
+            for ((remote, before), now) in remotes.iter().zip(&before).zip(&now) {
+                let owner = &owners[&remote.name];
+                for (user, count) in now {
+                    let grew = count - before.get(user).copied().unwrap_or(0);
+                    if user == owner {
+                        done &= grew >= 2;
+                    } else {
+                        assert_eq!(
+                            grew, 0,
+                            "{} is {owner}'s, but {user} probed it too",
+                            remote.name
+                        );
+                    }
                 }
+                done &= now.contains_key(owner);
             }
-            done &= now.contains_key(owner);
-        }
-        if done {
-            return;
-        }
-        assert!(started.elapsed() < DEADLINE, "the owners stopped probing");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+            done.then_some(())
+        },
+    )
+    .await;
 }
 
 /// Asserts that each remote's reachability gauge is on its owner alone.

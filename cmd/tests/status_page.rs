@@ -147,17 +147,12 @@ fn row<'d>(dom: &'d str, remote: &str) -> &'d str {
 
 /// Polls `/status.json` until `ready` holds of it.
 async fn until_status(tether: &Tether, what: &str, ready: impl Fn(&serde_json::Value) -> bool) {
-    let shown = common::poll(DEADLINE, common::EVERY, async || {
+    common::until(format!("/status.json shows {what}"), DEADLINE, async || {
         let (code, body) = tether.get("/status.json").await?;
         let status = serde_json::from_str::<serde_json::Value>(&body).ok()?;
         (code == 200 && ready(&status)).then_some(())
     })
     .await;
-    assert!(
-        shown.is_some(),
-        "/status.json never showed {what}; logs:\n{}",
-        tether.logs()
-    );
 }
 
 /// The rows of the table `id` (`healthy-table`, `attention-table`).

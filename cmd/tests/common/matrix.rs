@@ -37,17 +37,12 @@ pub(crate) async fn within(
     since: Instant,
     bound: Duration,
 ) -> Duration {
-    loop {
-        if tether.metric(series).await == Some(want) {
-            return since.elapsed();
-        }
-        assert!(
-            since.elapsed() < bound,
-            "{series} did not reach {want} within {bound:?}; logs:\n{}",
-            tether.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    super::until(
+        format!("{series} {want}"),
+        bound.saturating_sub(since.elapsed()),
+        async || (tether.metric(series).await == Some(want)).then(|| since.elapsed()),
+    )
+    .await
 }
 
 /// The operator hands tether `server`'s new kubeconfig for `name`, and

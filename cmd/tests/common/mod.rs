@@ -19,7 +19,7 @@ use tokio::time::{Instant, timeout};
 
 // Each test binary uses its own part of these.
 #[allow(unused_imports)]
-pub(crate) use tether_testkit::{EVERY, free_port, http_get, median_max, poll};
+pub(crate) use tether_testkit::{EVERY, free_port, http_get, median_max, poll, until, until_every};
 
 /// Polls `count` for up to five seconds until it reads `limit` or less.
 /// What an ended cycle leaves behind must end, but its tasks and sockets may
@@ -54,11 +54,12 @@ pub(crate) fn exec_kubeconfig(server: &ApiServer, script: &str) -> String {
 /// Waits until `server` has answered `n` more probes.
 pub(crate) async fn probes(server: &ApiServer, n: u64) {
     let start = server.requests("/readyz");
-    let begun = Instant::now();
-    while server.requests("/readyz") < start + n {
-        assert!(begun.elapsed() < DEADLINE, "the remote is not being probed");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until(
+        format!("{n} more probes of the remote"),
+        DEADLINE,
+        async || (server.requests("/readyz") >= start + n).then_some(()),
+    )
+    .await;
 }
 
 /// The tether binary under test: this build's, or the one
@@ -77,6 +78,24 @@ pub(crate) struct Tether {
     stdout: Arc<Mutex<String>>,
     _dir: tempfile::TempDir,
     pub(crate) config: std::path::PathBuf,
+}
+
+/// What a probe may find at a port that refuses connections: "refused",
+/// or, under load, "reset" for a connection the kernel had queued as the
+/// listener closed.
+pub(crate) const REFUSED: &[&str] = &["refused", "reset"];
+
+/// A test that fails with a tether running prints its log: whatever
+/// failed, a wait, an assertion or a panic in a helper.
+impl Drop for Tether {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let logs = self.logs();
+            let tail = logs.len().saturating_sub(64 * 1024);
+            let start = logs.ceil_char_boundary(tail);
+            eprintln!("tether's log, as the test failed:\n{}", &logs[start..]);
+        }
+    }
 }
 
 /// Collects what `pipe` gives, as text, until it closes.
@@ -285,6 +304,25 @@ impl Tether {
         self.stderr.lock().expect("not poisoned").clone()
     }
 
+    /// Panics, with the logs, if tether has exited: a wait for something
+    /// it would do never ends well then (a port it could not bind, a bad
+    /// config), and should say so at once.
+    pub(crate) fn alive(&self) {
+        let Some(pid) = self.child.id() else {
+            panic!("tether was reaped already; logs:\n{}", self.logs());
+        };
+        // Field 3 of /proc/<pid>/stat, after the name in parentheses.
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next());
+        assert!(
+            !matches!(state, None | Some('Z' | 'X')),
+            "tether has exited; logs:\n{}",
+            self.logs()
+        );
+    }
+
     /// What tether wrote on stdout: the exec manager's process writes there.
     pub(crate) fn output(&self) -> String {
         self.stdout.lock().expect("not poisoned").clone()
@@ -329,6 +367,16 @@ impl Tether {
             .cloned()
     }
 
+    /// Asserts that `name`'s last loss was one of `causes`: every kind the
+    /// kernel may give for the fault (see [`REFUSED`]).
+    pub(crate) async fn lost_for(&self, name: &str, causes: &[&str], context: &str) {
+        let cause = self.last_cause(name).await;
+        assert!(
+            cause.as_deref().is_some_and(|c| causes.contains(&c)),
+            "{context}: {name} was lost for {cause:?}, not one of {causes:?}"
+        );
+    }
+
     /// The cause of `name`'s last loss, as `/status.json` shows it.
     pub(crate) async fn last_cause(&self, name: &str) -> Option<String> {
         self.remote_status(name).await?["lastCause"]
@@ -338,12 +386,13 @@ impl Tether {
 
     /// Polls until `pred` holds of the metric, checking `/healthz` each time.
     pub(crate) async fn until_metric(&self, series: &str, what: &str, pred: impl Fn(f64) -> bool) {
-        let reached = poll(DEADLINE, EVERY, async || {
+        until(format!("{series} {what}"), DEADLINE, async || {
             if let Some(value) = self.metric(series).await
                 && pred(value)
             {
                 return Some(());
             }
+            self.alive();
             if let Some((code, body)) = self.get("/healthz").await {
                 assert_eq!(
                     code, 200,
@@ -353,11 +402,6 @@ impl Tether {
             None
         })
         .await;
-        assert!(
-            reached.is_some(),
-            "{series} never reached {what}; logs:\n{}",
-            self.logs()
-        );
     }
 
     /// Waits until `remote` has failed `failures` probes in a row, then
@@ -381,15 +425,14 @@ impl Tether {
 
     pub(crate) async fn until_ready(&self, ready: bool) {
         let want = if ready { 200 } else { 503 };
-        let answered = poll(DEADLINE, EVERY, async || {
-            self.get("/readyz").await.filter(|(code, _)| *code == want)
+        until(format!("/readyz answers {want}"), DEADLINE, async || {
+            let answer = self.get("/readyz").await.filter(|(code, _)| *code == want);
+            if answer.is_none() {
+                self.alive();
+            }
+            answer
         })
         .await;
-        assert!(
-            answered.is_some(),
-            "/readyz never answered {want}; logs:\n{}",
-            self.logs()
-        );
     }
 
     pub(crate) fn signal(&self, signal: &str) {
@@ -543,6 +586,7 @@ pub(crate) async fn start_in_process_with(
             source: tether::config::RemoteSource::Inferred,
             config: config_of(*server).await.into(),
             files: Vec::new(),
+            generation: tether::config::remote::next_generation(),
         });
     }
     probes
@@ -667,15 +711,14 @@ pub(crate) async fn until_events(
     want: &[&str],
 ) -> Vec<(String, String, String)> {
     let every = Duration::from_millis(200);
-    poll(DEADLINE, every, async || {
-        Some(pod_events(home, pod))
-            .filter(|events| want.iter().all(|w| events.iter().any(|(r, _, _)| r == w)))
-    })
+    until_every(
+        format!("the Pod's Events include {want:?}"),
+        DEADLINE,
+        every,
+        async || {
+            Some(pod_events(home, pod))
+                .filter(|events| want.iter().all(|w| events.iter().any(|(r, _, _)| r == w)))
+        },
+    )
     .await
-    .unwrap_or_else(|| {
-        panic!(
-            "the Pod's Events never included {want:?}: {:#?}",
-            pod_events(home, pod)
-        )
-    })
 }
