@@ -36,7 +36,8 @@
 //!   the file, the discovered clusters' kubeconfigs) and the private
 //!   folder they live in;
 //! - `group.rs`: the process group, and its stop: signal, grace, SIGKILL;
-//! - `readiness.rs`: the process's readiness check.
+//! - `readiness.rs`: the readiness check, and the rule that makes the
+//!   checks "ready".
 
 mod group;
 mod program;
@@ -54,7 +55,6 @@ use rustix::process::Signal;
 use tether_probes::{ProbeSetHandle, Reachability};
 use tether_supervisor::{CycleToken, ManagerError, ManagerFactory, UsedRemotes};
 use tokio::process::Command;
-use tokio::time::{Instant, sleep_until};
 use tracing::{info, warn};
 
 use crate::config::{ExecSpec, Plan, StopSignal};
@@ -63,7 +63,7 @@ use crate::lock;
 use self::group::{Group, pid_of, stop};
 pub use self::program::{CHILD_SHIM, CommandError, become_child, find_command};
 use self::program::{Spawner, spec_program};
-use self::readiness::check;
+use self::readiness::{Readiness, check};
 pub use self::remotes::{Folder, remotes_folder};
 use self::remotes::{MAX_REMOTES_VARIABLE, remotes_variable, write_remotes};
 
@@ -305,27 +305,11 @@ impl Shared {
     /// transitions. Never returns.
     async fn follow_readiness(&self, spec: &ExecSpec, cycle: &CycleToken) {
         let mut transitions = self.probes.subscribe();
-        let mut ready = spec.readiness.is_none();
-        let mut failures = 0;
+        let mut readiness = Readiness::new(spec.readiness.as_ref());
         let mut up = false;
-        let mut next_check = Instant::now();
         let mut probes_gone = false;
         loop {
-            if let Some(readiness) = &spec.readiness
-                && Instant::now() >= next_check
-            {
-                if check(readiness).await {
-                    failures = 0;
-                    ready = true;
-                } else {
-                    failures += 1;
-                    if ready && failures >= readiness.failure_threshold {
-                        ready = false;
-                    }
-                }
-                next_check = Instant::now() + readiness.period;
-            }
-            let now = ready && self.required_reachable();
+            let now = readiness.ready() && self.required_reachable();
             if now != up && cycle.set_manager_up(now) {
                 up = now;
                 if up {
@@ -337,14 +321,8 @@ impl Shared {
                     );
                 }
             }
-            let checked = async {
-                match spec.readiness {
-                    Some(_) => sleep_until(next_check).await,
-                    None => std::future::pending().await,
-                }
-            };
             tokio::select! {
-                () = checked => {}
+                () = readiness.next(check) => {}
                 seen = transitions.recv(), if !probes_gone => {
                     // Lagged: look at every remote now, which is what a
                     // transition asks for anyway. Closed: the probes are
