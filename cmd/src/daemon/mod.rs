@@ -87,15 +87,13 @@ pub struct Daemon {
     /// Every configured remote, resolved, in config order, as the daemon
     /// last read them; the planner is handed each new reading.
     resolved: Vec<ResolvedRemote>,
-    statics: tokio::sync::watch::Sender<Statics>,
-    /// What the planner publishes.
-    desired: tokio::sync::watch::Receiver<Arc<desired::Desired>>,
     root: CancellationToken,
     draining: Arc<AtomicBool>,
     reloads: IntCounterVec,
     run: JoinHandle<ShutdownOutcome>,
     admin_stop: CancellationToken,
-    /// The planner, the probes' follower and the sharding's: stopped after
+    /// The planner, what it is handed and what it publishes, and the
+    /// probes', the manager's and the sharding's followers: stopped after
     /// the supervisor.
     followers: Followers,
     /// The election's task, its stop, and the election, for the release.
@@ -179,10 +177,9 @@ impl Daemon {
                 )
             });
         let followers = Followers::spawn(
-            planner,
+            (statics, planner, desired),
             probe_set,
             manager_handle.clone(),
-            &desired,
             shard,
             events.as_ref().map(|e| e.events.clone()),
         );
@@ -205,8 +202,6 @@ impl Daemon {
             admin,
             config,
             resolved: remotes,
-            statics,
-            desired,
             rechecks: Some(rechecks),
             root,
             draining,

@@ -9,11 +9,9 @@ use std::time::Duration;
 use tracing::{error, info, warn};
 
 use super::Daemon;
-use super::wiring::FOLLOW_WAIT;
 use crate::config::remote;
 use crate::config::sources::{self, Role};
 use crate::config::{Config, ConfigError};
-use crate::desired::Statics;
 
 /// How often the config file is checked for changes. ConfigMap mounts swap a
 /// symlink, which inotify on the file misses, so poll the content instead.
@@ -117,24 +115,10 @@ impl Daemon {
     /// the probes and the manager follow the value that takes them in: the
     /// series of a remote removed are gone.
     async fn hand_over(&mut self, reloaded: bool) {
-        let config = if reloaded {
-            Arc::new(self.config.clone())
-        } else {
-            Arc::clone(&self.statics.borrow().config)
-        };
-        let reading = self.statics.borrow().reading + 1;
-        self.statics.send_replace(Statics {
-            config,
-            remotes: self.resolved.clone(),
-            reading,
-        });
-        let published =
-            tokio::time::timeout(FOLLOW_WAIT, self.desired.wait_for(|d| d.reading >= reading))
-                .await;
-        if let Ok(Ok(value)) = published {
-            let revision = value.revision;
-            self.followers.following(revision).await;
-        }
+        let config = reloaded.then(|| Arc::new(self.config.clone()));
+        self.followers
+            .hand_over(config, self.resolved.clone())
+            .await;
     }
 
     /// Re-reads the files of the remotes named (every remote, with `None`)

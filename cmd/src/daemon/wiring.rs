@@ -15,8 +15,9 @@ use tracing::warn;
 
 use super::{Parts, StartError};
 use crate::admin::{self, Admin, Heartbeats, Sources};
+use crate::config::remote::ResolvedRemote;
 use crate::config::{Config, ConfigError};
-use crate::desired::{self, Desired, Planner};
+use crate::desired::{self, Desired, Planner, Statics};
 use crate::events::{Events, Publisher, Reason};
 use crate::lease::election::{self, Election, ElectionHandle};
 use crate::lease::shard::{ShardHandle, Sharding};
@@ -135,6 +136,10 @@ impl Sharded {
 /// sharding know what nothing runs any more.
 #[derive(Debug)]
 pub(super) struct Followers {
+    /// What the daemon read, for the planner.
+    statics: watch::Sender<Statics>,
+    /// What the planner publishes.
+    desired: watch::Receiver<Arc<Desired>>,
     stop: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
     /// The revisions the probes and the manager follow.
@@ -144,10 +149,13 @@ pub(super) struct Followers {
 
 impl Followers {
     pub(super) fn spawn(
-        planner: Planner,
+        (statics, planner, desired): (
+            watch::Sender<Statics>,
+            Planner,
+            watch::Receiver<Arc<Desired>>,
+        ),
         probes: ProbeSet,
         manager: managers::Handle,
-        desired: &watch::Receiver<Arc<Desired>>,
         sharded: Option<ShardHandle>,
         events: Option<Events>,
     ) -> Self {
@@ -181,6 +189,8 @@ impl Followers {
             )));
         }
         Self {
+            statics,
+            desired,
             stop,
             tasks,
             probes: probes_follow,
@@ -188,9 +198,34 @@ impl Followers {
         }
     }
 
-    /// Waits until the probes and the manager follow `revision` or a later
-    /// one: at most [`FOLLOW_WAIT`], as they do no I/O to get there.
-    pub(super) async fn following(&self, revision: u64) {
+    /// Hands the planner `remotes` as the daemon read them, under `config`
+    /// when one was reloaded (which ends the running cycle), and waits until
+    /// the probes and the manager follow the value that takes them in: at
+    /// most [`FOLLOW_WAIT`] for each, as they do no I/O to get there.
+    pub(super) async fn hand_over(
+        &self,
+        config: Option<Arc<Config>>,
+        remotes: Vec<ResolvedRemote>,
+    ) {
+        let config = config.unwrap_or_else(|| Arc::clone(&self.statics.borrow().config));
+        let reading = self.statics.borrow().reading + 1;
+        self.statics.send_replace(Statics {
+            config,
+            remotes,
+            reading,
+        });
+        let mut desired = self.desired.clone();
+        let published =
+            tokio::time::timeout(FOLLOW_WAIT, desired.wait_for(|d| d.reading >= reading)).await;
+        let Ok(Ok(value)) = published else {
+            warn!(
+                reading,
+                "the planner did not take in the remotes read within {FOLLOW_WAIT:?}"
+            );
+            return;
+        };
+        let revision = value.revision;
+        drop(value);
         let (mut probes, mut manager) = (self.probes.clone(), self.manager.clone());
         let both = async {
             let _ = probes.wait_for(|at| *at >= revision).await;
@@ -213,7 +248,7 @@ impl Followers {
 }
 
 /// How long a reload waits for the probes and the manager to take it in.
-pub(super) const FOLLOW_WAIT: Duration = Duration::from_secs(5);
+const FOLLOW_WAIT: Duration = Duration::from_secs(5);
 
 /// Tells the sharding, for each share published, once nothing runs the
 /// remotes outside it: the probes follow that value (`synced`), and the
