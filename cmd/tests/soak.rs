@@ -15,7 +15,7 @@ mod common;
 use common::{comes_down_to, start_in_process};
 use tether_probes::ProbeConfig;
 use tether_supervisor::CauseKind;
-use tether_testkit::{ApiServer, Fault, Options};
+use tether_testkit::{ApiServer, Fault, Options, until_every};
 use tokio::time::{Instant, timeout};
 
 fn cycles() -> u64 {
@@ -85,37 +85,33 @@ async fn forced_rebuilds_leak_no_tasks_descriptors_memory_or_watches() {
             .set_fault(if down { Fault::Refuse } else { Fault::Up })
             .await
             .expect("fault");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while status.status().ended.values().sum::<u64>() == ended {
-            assert!(
-                Instant::now() < deadline,
-                "no cycle ended after switching the remote {}: {:?}; {:?}",
-                if down { "off" } else { "on" },
-                status.status(),
-                stack.probes.handle().status(),
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        let switched = if down { "off" } else { "on" };
+        until_every(
+            format!("a cycle to end after switching the remote {switched}"),
+            Duration::from_secs(20),
+            Duration::from_millis(5),
+            async || (status.status().ended.values().sum::<u64>() != ended).then_some(()),
+        )
+        .await;
         let cycle = status.status().cycle;
         if !down && (cycle % 10 < 2 || cycle >= total) {
             // Sample with the manager up and this cycle's watch open on each
             // server: the manager reports up between its list and its watch,
             // so a reading before the watch opens is a few tasks short. An
             // old cycle's watch still open would make two, and time out here.
-            let wait = Instant::now() + Duration::from_secs(20);
-            while !(status.status().manager_up
-                && [&flaky, &steady]
-                    .iter()
-                    .all(|s| s.stats().open_watches == 1))
-            {
-                assert!(
-                    Instant::now() < wait,
-                    "cycle {cycle} never came up with one watch open on each server: {:?}; {:?}",
-                    flaky.stats(),
-                    steady.stats()
-                );
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
+            until_every(
+                format!("cycle {cycle} to come up with one watch open on each server"),
+                Duration::from_secs(20),
+                Duration::from_millis(5),
+                async || {
+                    (status.status().manager_up
+                        && [&flaky, &steady]
+                            .iter()
+                            .all(|s| s.stats().open_watches == 1))
+                    .then_some(())
+                },
+            )
+            .await;
             samples.push(sample(cycle));
         }
     }

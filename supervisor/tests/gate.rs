@@ -26,17 +26,31 @@ impl ManagerFactory for Reporting {
     }
 }
 
-#[tokio::test(start_paused = true)]
-async fn cycles_run_only_while_the_gate_is_open_and_its_closing_ends_one() {
-    let (cycles_tx, mut cycles) = mpsc::unbounded_channel();
-    let (gate_tx, gate) = watch::channel(false);
+/// A supervisor of a [`Reporting`] manager, and the cycles it reports.
+fn reporting() -> (Supervisor<Reporting>, mpsc::UnboundedReceiver<CycleToken>) {
+    let (cycles_tx, cycles) = mpsc::unbounded_channel();
     let supervisor = Supervisor::new(
         Reporting(cycles_tx),
         SupervisorConfig::default(),
         &Registry::new(),
     )
-    .expect("valid")
-    .build_while(gate);
+    .expect("valid");
+    (supervisor, cycles)
+}
+
+/// The next cycle the manager reports.
+async fn next(cycles: &mut mpsc::UnboundedReceiver<CycleToken>) -> CycleToken {
+    timeout(DEADLOCK, cycles.recv())
+        .await
+        .expect("built")
+        .expect("a cycle")
+}
+
+#[tokio::test(start_paused = true)]
+async fn cycles_run_only_while_the_gate_is_open_and_its_closing_ends_one() {
+    let (gate_tx, gate) = watch::channel(false);
+    let (supervisor, mut cycles) = reporting();
+    let supervisor = supervisor.build_while(gate);
     let handle = supervisor.handle();
     let root = CancellationToken::new();
     let run = tokio::spawn(supervisor.run(root.clone()));
@@ -51,10 +65,7 @@ async fn cycles_run_only_while_the_gate_is_open_and_its_closing_ends_one() {
     assert!(!handle.status().manager_up);
 
     gate_tx.send_replace(true);
-    let first = timeout(DEADLOCK, cycles.recv())
-        .await
-        .expect("built")
-        .expect("a cycle");
+    let first = next(&mut cycles).await;
     assert_eq!(first.number(), 1);
 
     gate_tx.send_replace(false);
@@ -77,10 +88,7 @@ async fn cycles_run_only_while_the_gate_is_open_and_its_closing_ends_one() {
     );
 
     gate_tx.send_replace(true);
-    let second = timeout(DEADLOCK, cycles.recv())
-        .await
-        .expect("built")
-        .expect("a cycle");
+    let second = next(&mut cycles).await;
     assert_eq!(second.number(), 2);
     root.cancel();
     assert_eq!(run.await.expect("joins"), ShutdownOutcome::Clean);
@@ -88,24 +96,15 @@ async fn cycles_run_only_while_the_gate_is_open_and_its_closing_ends_one() {
 
 #[tokio::test(start_paused = true)]
 async fn a_gate_built_with_its_own_cause_ends_a_cycle_with_that_cause() {
-    let (cycles_tx, mut cycles) = mpsc::unbounded_channel();
     let (gate_tx, gate) = watch::channel(true);
-    let supervisor = Supervisor::new(
-        Reporting(cycles_tx),
-        SupervisorConfig::default(),
-        &Registry::new(),
-    )
-    .expect("valid")
-    .build_while_ending_with(gate, || Cause::ShardChanged {
+    let (supervisor, mut cycles) = reporting();
+    let supervisor = supervisor.build_while_ending_with(gate, || Cause::ShardChanged {
         taken: 0,
         given_up: 3,
     });
     let root = CancellationToken::new();
     let run = tokio::spawn(supervisor.run(root.clone()));
-    let first = timeout(DEADLOCK, cycles.recv())
-        .await
-        .expect("built")
-        .expect("a cycle");
+    let first = next(&mut cycles).await;
     gate_tx.send_replace(false);
     timeout(DEADLOCK, first.cancelled())
         .await
@@ -123,23 +122,15 @@ async fn a_gate_built_with_its_own_cause_ends_a_cycle_with_that_cause() {
 
 #[tokio::test(start_paused = true)]
 async fn a_plan_change_sent_with_the_gates_closing_names_the_cause() {
-    let (cycles_tx, mut cycles) = mpsc::unbounded_channel();
     let (gate_tx, gate) = watch::channel(true);
     let (ends_tx, ends) = mpsc::unbounded_channel();
-    let supervisor = Supervisor::new(
-        Reporting(cycles_tx),
-        SupervisorConfig::default(),
-        &Registry::new(),
-    )
-    .expect("valid")
-    .build_while(gate)
-    .end_cycles_with(tokio_stream_of(ends));
+    let (supervisor, mut cycles) = reporting();
+    let supervisor = supervisor
+        .build_while(gate)
+        .end_cycles_with(tokio_stream_of(ends));
     let root = CancellationToken::new();
     let run = tokio::spawn(supervisor.run(root.clone()));
-    let first = timeout(DEADLOCK, cycles.recv())
-        .await
-        .expect("built")
-        .expect("a cycle");
+    let first = next(&mut cycles).await;
     // Both at once, before the loop runs again: the change is taken first.
     let cause = Cause::ShardChanged {
         taken: 0,
