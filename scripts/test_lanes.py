@@ -6,7 +6,8 @@ wait on real processes (a Lease to expire, a probe to time out) with the
 CPU idle: on 2 cores the run took 15 minutes with 9 minutes of CPU. Here
 every binary is built first (`cargo test --no-run`), then run as cargo runs
 it (from its package's folder, with the same arguments), in `LANES` lanes,
-longest first by the times the last run recorded. Each lane hands out its
+longest first by the times the last run recorded (on a clean clone, by
+those scripts/test-times.json keeps). Each lane hands out its
 own slice of test ports (`TETHER_TEST_PORTS`), so binaries side by side
 never take the same one. A binary's output is printed whole when it ends,
 so lanes never interleave; the doc tests run last, through cargo.
@@ -26,6 +27,8 @@ LANES = int(os.environ.get("LANES", "2"))
 # The kit's port range (tests/testkit/src/plumbing.rs), split among lanes.
 PORTS = (10_000, 31_999)
 TIMES = Path("target/test-times.json")
+# What a run on 2 cores recorded, for a clean clone's first run.
+SEED = Path("scripts/test-times.json")
 
 
 def binaries(cargo_args):
@@ -58,7 +61,7 @@ def binaries(cargo_args):
 def main():
     cargo_args = sys.argv[1:]
     tests = binaries(cargo_args)
-    times = json.loads(TIMES.read_text()) if TIMES.exists() else {}
+    times = json.loads((TIMES if TIMES.exists() else SEED).read_text())
     # Longest first; one never timed counts as long.
     tests.sort(key=lambda t: -times.get(t[0], 1e9))
     queue = list(tests)
