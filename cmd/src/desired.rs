@@ -36,8 +36,9 @@ use crate::lease::shard::ShardHandle;
 pub struct Statics {
     /// The config in force.
     pub config: Arc<Config>,
-    /// Its remotes, resolved, in config order.
-    pub remotes: Vec<ResolvedRemote>,
+    /// Its remotes, resolved, in config order; the planner's inputs share
+    /// them with the channel.
+    pub remotes: Arc<Vec<ResolvedRemote>>,
     /// Counts the daemon's readings, so that it can tell when the value
     /// published takes this one in.
     pub reading: u64,
@@ -411,7 +412,7 @@ mod tests {
         Inputs {
             statics: Statics {
                 config: config(),
-                remotes: statics,
+                remotes: Arc::new(statics),
                 reading: 0,
             },
             discovered: Vec::new(),
@@ -448,7 +449,7 @@ mod tests {
         // Read anew, its generation kept: a token file alone rotated.
         let mut rotated = remote("a", "a");
         rotated.generation = a.generation;
-        given.statics.remotes = vec![rotated];
+        given.statics.remotes = Arc::new(vec![rotated]);
         let (next, change) = first.next(&given);
         assert_eq!(change.rebuilt, 1);
         assert_eq!(change.ends_cycle, None);
@@ -460,7 +461,7 @@ mod tests {
         let mut given = inputs(vec![remote("a", "a")], None);
         let first = Desired::from(&given);
         given.statics.config = Arc::clone(&first.config);
-        given.statics.remotes = vec![remote("a", "a")];
+        given.statics.remotes = Arc::new(vec![remote("a", "a")]);
         let (second, change) = first.next(&given);
         assert_eq!(change.ends_cycle, Some(Cause::ConfigChanged));
         given.discovered = vec![remote("d", "d")];
@@ -525,7 +526,7 @@ mod tests {
         let mut changed = desired.clone();
         statics_tx.send_replace(Statics {
             config: Arc::clone(&given.statics.config),
-            remotes: vec![rotated],
+            remotes: Arc::new(vec![rotated]),
             reading: 1,
         });
         changed.changed().await.expect("published");
@@ -540,7 +541,7 @@ mod tests {
         for host in ["a", "a"] {
             statics_tx.send_replace(Statics {
                 config: Arc::clone(&given.statics.config),
-                remotes: vec![remote("a", host)],
+                remotes: Arc::new(vec![remote("a", host)]),
                 reading: 2,
             });
             tokio::task::yield_now().await;

@@ -205,7 +205,7 @@ impl Followers {
     pub(super) async fn hand_over(
         &self,
         config: Option<Arc<Config>>,
-        remotes: Vec<ResolvedRemote>,
+        remotes: Arc<Vec<ResolvedRemote>>,
     ) {
         let config = config.unwrap_or_else(|| Arc::clone(&self.statics.borrow().config));
         let reading = self.statics.borrow().reading + 1;
