@@ -322,7 +322,9 @@ impl Shared {
                 }
             }
             tokio::select! {
-                () = readiness.next(check) => {}
+                // The check runs here, to its end: a transition waits
+                // for it rather than cut it short.
+                () = readiness.due() => readiness.run(check).await,
                 seen = transitions.recv(), if !probes_gone => {
                     // Lagged: look at every remote now, which is what a
                     // transition asks for anyway. Closed: the probes are

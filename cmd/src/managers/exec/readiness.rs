@@ -59,17 +59,25 @@ impl<'a> Readiness<'a> {
         self.ready
     }
 
-    /// Waits for the next check's time and runs it with `check` (the real
-    /// one is [`check`]); without a check, never returns. Cancel-safe: a
-    /// check cut short runs again at the next call, at once.
-    pub(super) async fn next<F>(&mut self, check: impl FnOnce(&'a ReadinessSpec) -> F)
+    /// Returns when the next check is due; without a check, never.
+    /// Cancel-safe: it only waits.
+    pub(super) async fn due(&self) {
+        match self.spec {
+            Some(_) => sleep_until(self.next).await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Runs one check with `check` (the real one is [`check`]) and takes
+    /// in its result. A caller runs it to its end, so that a check is never
+    /// cut short by what else the caller waits for.
+    pub(super) async fn run<F>(&mut self, check: impl FnOnce(&'a ReadinessSpec) -> F)
     where
         F: Future<Output = bool>,
     {
         let Some(spec) = self.spec else {
-            return std::future::pending().await;
+            return;
         };
-        sleep_until(self.next).await;
         let passed = check(spec).await;
         self.next = Instant::now() + spec.period;
         if passed {
@@ -86,7 +94,6 @@ impl<'a> Readiness<'a> {
 
 #[cfg(test)]
 mod tests {
-    use std::cell::Cell;
     use std::time::Duration;
 
     use super::*;
@@ -105,17 +112,16 @@ mod tests {
     async fn without_a_check_the_process_is_ready_at_once_and_never_checked() {
         let mut readiness = Readiness::new(None);
         assert!(readiness.ready());
-        let called = Cell::new(false);
-        let waited = timeout(
-            Duration::from_secs(3600),
-            readiness.next(async |_| {
-                called.set(true);
-                true
-            }),
-        )
-        .await;
-        assert!(waited.is_err(), "next returned without a check");
-        assert!(!called.get(), "a check ran without a spec");
+        let waited = timeout(Duration::from_secs(3600), readiness.due()).await;
+        assert!(waited.is_err(), "a check came due without a spec");
+        let mut called = false;
+        readiness
+            .run(async |_| {
+                called = true;
+                false
+            })
+            .await;
+        assert!(!called, "a check ran without a spec");
         assert!(readiness.ready());
     }
 
@@ -133,8 +139,9 @@ mod tests {
         let mut seen = Vec::new();
         let mut started = Vec::new();
         for passes in script {
+            readiness.due().await;
             readiness
-                .next(async |_| {
+                .run(async |_| {
                     started.push(start.elapsed().as_millis());
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     passes
@@ -156,29 +163,20 @@ mod tests {
         );
     }
 
+    /// The exec manager waits for `due` beside the probes' transitions: a
+    /// wait cut short leaves the schedule as it was.
     #[tokio::test(start_paused = true)]
-    async fn a_check_cut_short_runs_again_at_once_and_counts_once() {
+    async fn a_wait_cut_short_keeps_the_next_check_where_it_was() {
         let spec = spec();
         let mut readiness = Readiness::new(Some(&spec));
         let start = Instant::now();
-        let cut = timeout(
-            Duration::from_millis(10),
-            readiness.next(async |_| {
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                true
-            }),
-        )
-        .await;
-        assert!(cut.is_err());
-        assert!(!readiness.ready(), "a check cut short counted");
-        let mut at = None;
-        readiness
-            .next(async |_| {
-                at = Some(start.elapsed());
-                true
-            })
-            .await;
-        assert_eq!(at, Some(Duration::from_millis(10)), "ran again at once");
-        assert!(readiness.ready());
+        readiness.due().await;
+        readiness.run(async |_| true).await;
+        for _ in 0..3 {
+            let cut = timeout(Duration::from_millis(50), readiness.due()).await;
+            assert!(cut.is_err(), "due before its period");
+        }
+        readiness.due().await;
+        assert_eq!(start.elapsed(), spec.period, "due a period after the check");
     }
 }
