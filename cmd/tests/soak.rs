@@ -15,8 +15,11 @@ mod common;
 use common::{comes_down_to, start_in_process};
 use tether_probes::ProbeConfig;
 use tether_supervisor::CauseKind;
-use tether_testkit::{ApiServer, Fault, Options, until_every};
+use tether_testkit::{ApiServer, Fault, Options, poll};
 use tokio::time::{Instant, timeout};
+
+/// How long one rebuild may take before the soak fails, naming what it saw.
+const WAIT: Duration = Duration::from_secs(20);
 
 fn cycles() -> u64 {
     std::env::var("SOAK_CYCLES")
@@ -85,33 +88,41 @@ async fn forced_rebuilds_leak_no_tasks_descriptors_memory_or_watches() {
             .set_fault(if down { Fault::Refuse } else { Fault::Up })
             .await
             .expect("fault");
-        let switched = if down { "off" } else { "on" };
-        until_every(
-            format!("a cycle to end after switching the remote {switched}"),
-            Duration::from_secs(20),
-            Duration::from_millis(5),
-            async || (status.status().ended.values().sum::<u64>() != ended).then_some(()),
-        )
-        .await;
+        // The kit's poll, so that a timeout prints what the supervisor and
+        // the probes saw.
+        poll(WAIT, Duration::from_millis(5), async || {
+            (status.status().ended.values().sum::<u64>() != ended).then_some(())
+        })
+        .await
+        .unwrap_or_else(|| {
+            panic!(
+                "no cycle ended within {WAIT:?} after switching the remote {}: {:?}; {:?}",
+                if down { "off" } else { "on" },
+                status.status(),
+                stack.probes.handle().status(),
+            )
+        });
         let cycle = status.status().cycle;
         if !down && (cycle % 10 < 2 || cycle >= total) {
             // Sample with the manager up and this cycle's watch open on each
             // server: the manager reports up between its list and its watch,
             // so a reading before the watch opens is a few tasks short. An
             // old cycle's watch still open would make two, and time out here.
-            until_every(
-                format!("cycle {cycle} to come up with one watch open on each server"),
-                Duration::from_secs(20),
-                Duration::from_millis(5),
-                async || {
-                    (status.status().manager_up
-                        && [&flaky, &steady]
-                            .iter()
-                            .all(|s| s.stats().open_watches == 1))
-                    .then_some(())
-                },
-            )
-            .await;
+            poll(WAIT, Duration::from_millis(5), async || {
+                (status.status().manager_up
+                    && [&flaky, &steady]
+                        .iter()
+                        .all(|s| s.stats().open_watches == 1))
+                .then_some(())
+            })
+            .await
+            .unwrap_or_else(|| {
+                panic!(
+                    "cycle {cycle} never came up within {WAIT:?} with one watch open on each server: {:?}; {:?}",
+                    flaky.stats(),
+                    steady.stats()
+                )
+            });
             samples.push(sample(cycle));
         }
     }

@@ -217,15 +217,13 @@ impl Followers {
         let mut desired = self.desired.clone();
         let published =
             tokio::time::timeout(FOLLOW_WAIT, desired.wait_for(|d| d.reading >= reading)).await;
-        let Ok(Ok(value)) = published else {
+        let Ok(Ok(revision)) = published.map(|value| value.map(|v| v.revision)) else {
             warn!(
                 reading,
                 "the planner did not take in the remotes read within {FOLLOW_WAIT:?}"
             );
             return;
         };
-        let revision = value.revision;
-        drop(value);
         let (mut probes, mut manager) = (self.probes.clone(), self.manager.clone());
         let both = async {
             let _ = probes.wait_for(|at| *at >= revision).await;
