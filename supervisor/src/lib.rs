@@ -34,6 +34,11 @@
 //!   scope, counted in `tether_remote_restarts_total`; it runs again in the
 //!   same cycle when the remote recovers. Any other used remote's loss ends
 //!   the cycle.
+//! - When the remotes a manager uses change ([`Supervisor::change_remotes_on`]),
+//!   a manager that [takes remote changes](ManagerFactory::takes_remote_changes)
+//!   gets them in its running cycle, one scope each (added, removed, or
+//!   started anew at a new version), counted in
+//!   `tether_remote_changes_total`; any other manager's cycle ends.
 //! - At most one manager runs at a time, and none runs after [`Supervisor::run`]
 //!   returns: the manager's future is awaited in the loop's own task, and
 //!   dropped if it overruns the shutdown grace.
@@ -88,9 +93,11 @@ mod token;
 pub use crate::backoff::{Backoff, BackoffConfig};
 pub use crate::cause::{Cause, CauseKind};
 pub use crate::factory::{BoxError, ManagerError, ManagerFactory, error_chain};
-pub use crate::scope::{OnLoss, RemoteScope, UsedRemote, UsedRemotes};
+pub use crate::scope::{OnLoss, RemoteChange, RemoteScope, UsedRemote, UsedRemotes};
 pub use crate::signal::RemoteSignal;
-pub use crate::state::{EndedCycle, Phase, RECENT_CYCLES, Status};
+pub use crate::state::{
+    ChangedRemote, EndedCycle, Phase, RECENT_CYCLES, RECENT_REMOTE_CHANGES, Status,
+};
 pub use crate::supervisor::{ShutdownOutcome, Supervisor, SupervisorConfig, SupervisorHandle};
 pub use crate::text::{MAX_ERROR_CHARS, panic_message, printable};
 pub use crate::token::CycleToken;

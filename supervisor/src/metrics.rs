@@ -2,7 +2,11 @@
 
 use prometheus::{Gauge, IntCounterVec, IntGauge, Opts, Registry};
 
-use crate::CauseKind;
+use crate::{CauseKind, RemoteChange};
+
+/// The causes that change one remote's part of a cycle while it runs on.
+pub(crate) const CHANGE_CAUSES: [CauseKind; 2] =
+    [CauseKind::ConfigChanged, CauseKind::ShardChanged];
 
 /// The causes that stop one remote's part of a cycle alone.
 pub(crate) const RESTART_CAUSES: [CauseKind; 2] =
@@ -15,6 +19,7 @@ pub(crate) struct Metrics {
     pub(crate) backoff_seconds: Gauge,
     pub(crate) manager_up: IntGauge,
     pub(crate) restarts_total: IntCounterVec,
+    pub(crate) changes_total: IntCounterVec,
 }
 
 impl Metrics {
@@ -43,6 +48,16 @@ impl Metrics {
                 ),
                 &["remote", "cause"],
             )?,
+            // By kind and cause, not by remote: a fleet's remotes come and
+            // go every day, and a series per remote ever seen would grow
+            // without bound. The log and the status page name them.
+            changes_total: IntCounterVec::new(
+                Opts::new(
+                    "tether_remote_changes_total",
+                    "Remotes added to, removed from or rebuilt in a running cycle without ending it, by change and by cause.",
+                ),
+                &["change", "cause"],
+            )?,
         };
         // Every cause starts at 0, so `increase()` sees the first end too.
         for kind in CauseKind::ALL {
@@ -52,7 +67,15 @@ impl Metrics {
         registry.register(Box::new(metrics.cycles_total.clone()))?;
         registry.register(Box::new(metrics.backoff_seconds.clone()))?;
         registry.register(Box::new(metrics.manager_up.clone()))?;
+        for change in RemoteChange::ALL {
+            for cause in CHANGE_CAUSES {
+                metrics
+                    .changes_total
+                    .with_label_values(&[change.as_str(), cause.as_str()]);
+            }
+        }
         registry.register(Box::new(metrics.restarts_total.clone()))?;
+        registry.register(Box::new(metrics.changes_total.clone()))?;
         Ok(metrics)
     }
 }

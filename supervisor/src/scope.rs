@@ -14,9 +14,17 @@
 //! - Runs are numbered; [`RemoteScope::next_run`] hands out each run at most
 //!   once per handle, so a manager that asks again after a run ended waits
 //!   for the next one.
+//! - For a manager that [takes remote changes](crate::ManagerFactory::takes_remote_changes),
+//!   the scopes follow the remotes it uses while the cycle runs: a remote
+//!   added gets a new scope (handed out by [`CycleToken::joined`](crate::CycleToken::joined)),
+//!   one removed has its run cancelled and its scope ended, and one at a new
+//!   [version](UsedRemote::version) starts a new run, unless it is stopped
+//!   for its loss (its next run, when it is back, is at the new version).
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -39,6 +47,9 @@ pub struct UsedRemote {
     pub name: String,
     /// What its loss costs.
     pub on_loss: OnLoss,
+    /// Changes when its part must start anew: new credentials, CA or
+    /// server. 0 unless set.
+    pub version: u64,
 }
 
 impl UsedRemote {
@@ -48,6 +59,7 @@ impl UsedRemote {
         Self {
             name: name.into(),
             on_loss: OnLoss::EndCycle,
+            version: 0,
         }
     }
 
@@ -57,7 +69,47 @@ impl UsedRemote {
         Self {
             name: name.into(),
             on_loss: OnLoss::RestartAlone,
+            version: 0,
         }
+    }
+
+    /// The same remote at `version`.
+    #[must_use]
+    pub fn at_version(mut self, version: u64) -> Self {
+        self.version = version;
+        self
+    }
+}
+
+/// How one remote's part of a running cycle changed, without ending it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RemoteChange {
+    /// The manager uses it now: a new scope.
+    Added,
+    /// The manager no longer uses it: its scope ended.
+    Removed,
+    /// It is used at a new version: its part starts anew.
+    Rebuilt,
+}
+
+impl RemoteChange {
+    /// Every kind, so metrics can be pre-initialised.
+    pub const ALL: [Self; 3] = [Self::Added, Self::Removed, Self::Rebuilt];
+
+    /// The `snake_case` label value, as used in metrics and logs.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Added => "added",
+            Self::Removed => "removed",
+            Self::Rebuilt => "rebuilt",
+        }
+    }
+}
+
+impl fmt::Display for RemoteChange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -86,21 +138,29 @@ struct Run {
 #[derive(Debug)]
 pub(crate) struct Scope {
     on_loss: OnLoss,
+    /// The [`UsedRemote::version`] it runs.
+    version: AtomicU64,
     cycle: CancellationToken,
     runs: watch::Sender<Run>,
 }
 
 impl Scope {
-    fn new(on_loss: OnLoss, cycle: &CancellationToken) -> Self {
+    pub(crate) fn new(used: &UsedRemote, cycle: &CancellationToken) -> Self {
         let first = Run {
             number: 1,
             token: Some(cycle.child_token()),
         };
         Self {
-            on_loss,
+            on_loss: used.on_loss,
+            version: AtomicU64::new(used.version),
             cycle: cycle.clone(),
             runs: watch::Sender::new(first),
         }
+    }
+
+    /// Takes `version` in; whether it is new.
+    pub(crate) fn set_version(&self, version: u64) -> bool {
+        self.version.swap(version, Ordering::Relaxed) != version
     }
 
     pub(crate) fn on_loss(&self) -> OnLoss {
@@ -142,12 +202,7 @@ pub(crate) type Scopes = BTreeMap<String, Arc<Scope>>;
 
 pub(crate) fn scopes(used: &[UsedRemote], cycle: &CancellationToken) -> Scopes {
     used.iter()
-        .map(|remote| {
-            (
-                remote.name.clone(),
-                Arc::new(Scope::new(remote.on_loss, cycle)),
-            )
-        })
+        .map(|remote| (remote.name.clone(), Arc::new(Scope::new(remote, cycle))))
         .collect()
 }
 
@@ -193,7 +248,7 @@ impl RemoteScope {
     ///
     /// The first call returns at once. After a run ends alone (the remote
     /// was lost), the next call returns when the remote is back. Returns
-    /// `None` once the cycle is cancelled.
+    /// `None` once the cycle is cancelled, or the remote removed from it.
     ///
     /// # Cancellation safety
     ///

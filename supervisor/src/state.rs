@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::metrics::{Metrics, RESTART_CAUSES};
-use crate::{Cause, CauseKind, CycleToken, OnLoss, UsedRemotes};
+use crate::{Cause, CauseKind, CycleToken, OnLoss, RemoteChange, UsedRemotes};
 
 /// Where the supervisor's loop is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,6 +78,25 @@ impl EndedCycle {
     }
 }
 
+/// How many remote changes [`Status::remote_changes`] keeps.
+pub const RECENT_REMOTE_CHANGES: usize = 30;
+
+/// A change of one remote's part that the running cycle took in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ChangedRemote {
+    /// The remote.
+    pub remote: String,
+    /// What changed.
+    pub change: RemoteChange,
+    /// Why: `config_changed` or `shard_changed`.
+    pub cause: CauseKind,
+    /// In which cycle.
+    pub cycle: u64,
+    /// When.
+    pub at: Instant,
+}
+
 /// A snapshot of the supervisor, as the admin server shows it.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -107,6 +126,11 @@ pub struct Status {
     /// manager that [waits for them](crate::ManagerFactory::waits_for_lost_remotes),
     /// sorted by name; empty once the manager has started.
     pub held_for: Vec<String>,
+    /// The last [`RECENT_REMOTE_CHANGES`] changes of one remote's part that
+    /// a running cycle took in, oldest first.
+    pub remote_changes: VecDeque<ChangedRemote>,
+    /// Those changes since the start, by kind; every kind is present.
+    pub remote_changed: BTreeMap<RemoteChange, u64>,
 }
 
 impl Status {
@@ -157,6 +181,8 @@ impl State {
                     ended: CauseKind::ALL.into_iter().map(|kind| (kind, 0)).collect(),
                     stopped_remotes: Vec::new(),
                     held_for: Vec::new(),
+                    remote_changes: VecDeque::with_capacity(RECENT_REMOTE_CHANGES),
+                    remote_changed: RemoteChange::ALL.into_iter().map(|c| (c, 0)).collect(),
                 },
                 current: None,
                 restartable: BTreeSet::new(),
@@ -207,6 +233,42 @@ impl State {
             .restarts_total
             .with_label_values(&[remote, cause.as_str()])
             .inc();
+    }
+
+    /// Records the changes the running cycle took in for `cause`, and
+    /// keeps the restart series to `used`, the remotes it uses now.
+    pub(crate) fn remotes_changed(
+        &self,
+        changes: &[(String, RemoteChange)],
+        cause: CauseKind,
+        used: &UsedRemotes,
+    ) {
+        if changes.is_empty() {
+            return;
+        }
+        {
+            let mut inner = self.lock();
+            let status = &mut inner.status;
+            let at = Instant::now();
+            for (remote, change) in changes {
+                if status.remote_changes.len() == RECENT_REMOTE_CHANGES {
+                    status.remote_changes.pop_front();
+                }
+                status.remote_changes.push_back(ChangedRemote {
+                    remote: remote.clone(),
+                    change: *change,
+                    cause,
+                    cycle: status.cycle,
+                    at,
+                });
+                *status.remote_changed.entry(*change).or_default() += 1;
+                self.metrics
+                    .changes_total
+                    .with_label_values(&[change.as_str(), cause.as_str()])
+                    .inc();
+            }
+        }
+        self.remotes_used(used);
     }
 
     /// Keeps `tether_remote_restarts_total` to the remotes that can restart

@@ -21,7 +21,7 @@ use crate::text::panic_message;
 use crate::token::Usage;
 use crate::{
     Backoff, BackoffConfig, Cause, CauseKind, CycleToken, Error, ManagerError, ManagerFactory,
-    RemoteSignal, Result,
+    RemoteChange, RemoteSignal, Result, UsedRemotes,
 };
 
 /// Settings of the cycle loop.
@@ -176,6 +176,8 @@ async fn closed(gate: Option<&mut watch::Receiver<bool>>) {
 enum Input {
     Signal(RemoteSignal),
     End(Cause),
+    /// The remotes the manager uses changed, for this cause.
+    Remotes(Cause),
 }
 
 /// Every source of inputs, merged.
@@ -304,6 +306,31 @@ impl<F: ManagerFactory> Supervisor<F> {
     #[must_use]
     pub fn end_cycles_with(mut self, ends: impl Stream<Item = Cause> + Send + 'static) -> Self {
         self.signals.push(ends.map(Input::End).boxed());
+        self
+    }
+
+    /// Makes the running cycle follow the remotes its manager uses, at each
+    /// cause `changes` yields: a remote added, removed or read anew
+    /// (`config_changed`), or this replica's share moved (`shard_changed`).
+    ///
+    /// For a manager that [takes remote changes](ManagerFactory::takes_remote_changes),
+    /// the loop asks [`ManagerFactory::remotes`] again and changes only the
+    /// scopes that differ: the cycle runs on, and each change is logged,
+    /// counted in `tether_remote_changes_total` and kept in
+    /// [`Status::remote_changes`]. Any other manager's cycle ends with the
+    /// cause, as with [`end_cycles_with`](Self::end_cycles_with); so does
+    /// one whose remote's loss now costs something else.
+    ///
+    /// As there, a change between cycles is dropped, and the stream's
+    /// source must make it visible to the factory before it yields.
+    ///
+    /// May be called more than once; the sources are merged.
+    #[must_use]
+    pub fn change_remotes_on(
+        mut self,
+        changes: impl Stream<Item = Cause> + Send + 'static,
+    ) -> Self {
+        self.signals.push(changes.map(Input::Remotes).boxed());
         self
     }
 
@@ -504,6 +531,14 @@ impl<F: ManagerFactory> Looper<F> {
                                     end(cycle, cause);
                                     continue;
                                 }
+                                Input::Remotes(cause) => {
+                                    self.change_remotes(cycle, cause);
+                                    if !waiting.is_empty() {
+                                        waiting = self.awaited(cycle, lost);
+                                        self.state.holding(&waiting);
+                                    }
+                                    continue;
+                                }
                                 Input::Signal(signal) => signal,
                             };
                             track(lost, &signal);
@@ -569,6 +604,38 @@ impl<F: ManagerFactory> Looper<F> {
             (false, _) => CycleEnd::Returned,
             (true, true) => CycleEnd::Shutdown(ShutdownOutcome::Clean),
             (true, false) => CycleEnd::Shutdown(ShutdownOutcome::GraceExceeded),
+        }
+    }
+
+    /// Makes the running `cycle` follow the remotes its manager uses now,
+    /// or ends it for `cause` if the manager cannot take that.
+    fn change_remotes(&self, cycle: &CycleToken, cause: Cause) {
+        if cycle.is_cancelled() {
+            debug!(%cause, "the remotes changed while the cycle ends; dropped");
+            return;
+        }
+        if !self.factory.takes_remote_changes() {
+            return end(cycle, cause);
+        }
+        let used = self.factory.remotes();
+        let UsedRemotes::Only(now) = &used else {
+            return end(cycle, cause);
+        };
+        match cycle.change_remotes(now) {
+            Err(remote) => {
+                info!(%remote, "what the loss of a remote costs changed");
+                end(cycle, cause);
+            }
+            Ok(changes) => {
+                for (remote, change) in &changes {
+                    info!(%remote, %change, cause = %cause.kind(), "{}: the remote's part {}; the cycle runs on", cause.in_words(), match change {
+                        RemoteChange::Added => "starts",
+                        RemoteChange::Removed => "stops",
+                        RemoteChange::Rebuilt => "starts anew",
+                    });
+                }
+                self.state.remotes_changed(&changes, cause.kind(), &used);
+            }
         }
     }
 
@@ -672,6 +739,7 @@ fn between_cycles(lost: &mut BTreeSet<String>, input: &Input) {
             debug!(%signal, "signal between cycles; dropped");
         }
         Input::End(cause) => debug!(%cause, "a cycle end between cycles; dropped"),
+        Input::Remotes(cause) => debug!(%cause, "a change of remotes between cycles; dropped"),
     }
 }
 

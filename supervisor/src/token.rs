@@ -11,26 +11,47 @@
 //!   records [`Cause::Shutdown`].)
 //! - The first recorded cause wins; later ones are ignored.
 //! - Once the token is cancelled, the manager can no longer report itself up.
-//! - The remotes the cycle uses, and their scopes, are set once, before the
-//!   manager runs; a token made outside a supervisor has none.
+//! - The remotes the cycle uses, and their scopes, are set before the
+//!   manager runs; a token made outside a supervisor has none. Only the
+//!   supervisor changes them afterwards, for a manager that takes remote
+//!   changes; each scope added is handed to the manager once, through
+//!   [`CycleToken::joined`].
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
+use tokio::sync::mpsc;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
-use crate::Cause;
-use crate::OnLoss;
-use crate::scope::{RemoteScope, Scope, Scopes, UsedRemotes};
+use crate::scope::{RemoteScope, Scope, Scopes, UsedRemote, UsedRemotes};
 use crate::state::State;
+use crate::{Cause, OnLoss, RemoteChange};
 
 /// How a cycle uses a remote a signal names.
-pub(crate) enum Usage<'a> {
+pub(crate) enum Usage {
     /// Not at all: the signal is ignored.
     Unused,
     /// Its loss ends the cycle.
     EndsCycle,
     /// Its loss stops only this scope.
-    RestartsAlone(&'a Scope),
+    RestartsAlone(Arc<Scope>),
+}
+
+/// The scopes of a cycle that uses remotes by name, and the way new ones
+/// reach its manager.
+#[derive(Debug)]
+struct Used {
+    scopes: Mutex<Scopes>,
+    joining: mpsc::UnboundedSender<RemoteScope>,
+    joined: tokio::sync::Mutex<mpsc::UnboundedReceiver<RemoteScope>>,
+}
+
+impl Used {
+    fn scopes(&self) -> MutexGuard<'_, Scopes> {
+        // Nothing panics while holding it; the map is whole either way.
+        self.scopes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 /// The token of one cycle, handed to the manager.
@@ -48,7 +69,7 @@ struct Inner {
     cause: OnceLock<Cause>,
     state: Option<Arc<State>>,
     /// `None` until set: every remote is used, without scopes.
-    scopes: OnceLock<Scopes>,
+    used: OnceLock<Used>,
 }
 
 impl CycleToken {
@@ -73,7 +94,7 @@ impl CycleToken {
                 token: root.child_token(),
                 cause: OnceLock::new(),
                 state,
-                scopes: OnceLock::new(),
+                used: OnceLock::new(),
             }),
         }
     }
@@ -135,38 +156,118 @@ impl CycleToken {
     #[must_use]
     pub fn scope(&self, remote: &str) -> Option<RemoteScope> {
         self.inner
-            .scopes
+            .used
             .get()?
+            .scopes()
             .get(remote)
             .map(|scope| RemoteScope::new(remote, scope))
+    }
+
+    /// The scope of the next remote the cycle uses from now on, as the
+    /// supervisor adds it for a manager that
+    /// [takes remote changes](crate::ManagerFactory::takes_remote_changes);
+    /// each is handed out once. Waits until there is one; `None` once the
+    /// cycle is cancelled, or if it uses no remotes by name.
+    ///
+    /// # Cancellation safety
+    ///
+    /// Cancel safe: a scope is handed out only when this returns it.
+    pub async fn joined(&self) -> Option<RemoteScope> {
+        let used = self.inner.used.get()?;
+        let mut joined = tokio::select! {
+            () = self.cancelled() => return None,
+            joined = used.joined.lock() => joined,
+        };
+        tokio::select! {
+            () = self.cancelled() => None,
+            scope = joined.recv() => scope,
+        }
     }
 
     /// Sets the remotes the cycle uses; only the first call counts.
     pub(crate) fn use_remotes(&self, used: &UsedRemotes) {
         if let UsedRemotes::Only(remotes) = used {
-            let _ = self
-                .inner
-                .scopes
-                .set(crate::scope::scopes(remotes, &self.inner.token));
+            let (joining, joined) = mpsc::unbounded_channel();
+            let _ = self.inner.used.set(Used {
+                scopes: Mutex::new(crate::scope::scopes(remotes, &self.inner.token)),
+                joining,
+                joined: tokio::sync::Mutex::new(joined),
+            });
         }
     }
 
+    /// Makes the cycle's scopes follow `now`, the remotes its manager uses
+    /// now: what changed, by remote, in order of name. `Err` names a remote
+    /// whose loss now costs something else, which no scope can take in: the
+    /// cycle must end. Nothing changes for a cycle without scopes.
+    pub(crate) fn change_remotes(
+        &self,
+        now: &[UsedRemote],
+    ) -> Result<Vec<(String, RemoteChange)>, String> {
+        let Some(used) = self.inner.used.get() else {
+            return Ok(Vec::new());
+        };
+        let mut scopes = used.scopes();
+        if let Some(changed) = now.iter().find(|remote| {
+            scopes
+                .get(&remote.name)
+                .is_some_and(|scope| scope.on_loss() != remote.on_loss)
+        }) {
+            return Err(changed.name.clone());
+        }
+        let wanted: std::collections::BTreeMap<&str, &UsedRemote> = now
+            .iter()
+            .map(|remote| (remote.name.as_str(), remote))
+            .collect();
+        let mut changes = Vec::new();
+        scopes.retain(|name, scope| {
+            if wanted.contains_key(name.as_str()) {
+                return true;
+            }
+            scope.stop();
+            changes.push((name.clone(), RemoteChange::Removed));
+            false
+        });
+        for (name, remote) in wanted {
+            if let Some(scope) = scopes.get(name) {
+                if scope.set_version(remote.version) {
+                    // A part stopped for its loss starts at the new version
+                    // when the remote is back.
+                    if scope.is_running() {
+                        scope.start();
+                    }
+                    changes.push((name.to_owned(), RemoteChange::Rebuilt));
+                }
+            } else {
+                let scope = Arc::new(Scope::new(remote, &self.inner.token));
+                // The manager may be gone already: then so is the cycle.
+                let _ = used.joining.send(RemoteScope::new(name, &scope));
+                scopes.insert(name.to_owned(), scope);
+                changes.push((name.to_owned(), RemoteChange::Added));
+            }
+        }
+        changes.sort();
+        Ok(changes)
+    }
+
     /// How the cycle uses `remote`.
-    pub(crate) fn usage(&self, remote: &str) -> Usage<'_> {
-        match self.inner.scopes.get().map(|scopes| scopes.get(remote)) {
-            None => Usage::EndsCycle,
-            Some(None) => Usage::Unused,
-            Some(Some(scope)) => match scope.on_loss() {
+    pub(crate) fn usage(&self, remote: &str) -> Usage {
+        let Some(used) = self.inner.used.get() else {
+            return Usage::EndsCycle;
+        };
+        match used.scopes().get(remote) {
+            None => Usage::Unused,
+            Some(scope) => match scope.on_loss() {
                 OnLoss::EndCycle => Usage::EndsCycle,
-                OnLoss::RestartAlone => Usage::RestartsAlone(scope),
+                OnLoss::RestartAlone => Usage::RestartsAlone(Arc::clone(scope)),
             },
         }
     }
 
     /// The names of the remotes whose part is stopped alone.
     pub(crate) fn stopped_remotes(&self) -> Vec<String> {
-        self.inner.scopes.get().map_or_else(Vec::new, |scopes| {
-            scopes
+        self.inner.used.get().map_or_else(Vec::new, |used| {
+            used.scopes()
                 .iter()
                 .filter(|(_, scope)| !scope.is_running())
                 .map(|(name, _)| name.clone())

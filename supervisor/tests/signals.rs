@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use prometheus::Registry;
 use tether_supervisor::{
-    BackoffConfig, Cause, CauseKind, CycleToken, ManagerError, ManagerFactory, Phase, RemoteSignal,
-    ShutdownOutcome, Status, Supervisor, SupervisorConfig, SupervisorHandle, UsedRemote,
-    UsedRemotes,
+    BackoffConfig, Cause, CauseKind, CycleToken, ManagerError, ManagerFactory, Phase, RemoteChange,
+    RemoteScope, RemoteSignal, ShutdownOutcome, Status, Supervisor, SupervisorConfig,
+    SupervisorHandle, UsedRemote, UsedRemotes,
 };
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -37,6 +37,8 @@ struct Scoped {
     used: Arc<Mutex<UsedRemotes>>,
     /// Its answer to `waits_for_lost_remotes`.
     waits: bool,
+    /// Its answer to `takes_remote_changes`.
+    takes: bool,
     cycles: mpsc::UnboundedSender<CycleToken>,
     runs: mpsc::UnboundedSender<Run>,
 }
@@ -53,6 +55,10 @@ impl ManagerFactory for Scoped {
         self.waits
     }
 
+    fn takes_remote_changes(&self) -> bool {
+        self.takes
+    }
+
     async fn run(&self, cycle: CycleToken) -> Result<(), ManagerError> {
         let _ = self.cycles.send(cycle.clone());
         cycle.set_manager_up(true);
@@ -61,11 +67,10 @@ impl ManagerFactory for Scoped {
             UsedRemotes::Only(used) => used.into_iter().map(|r| r.name).collect(),
         };
         let mut parts = tokio::task::JoinSet::new();
-        for name in names {
-            let mut scope = cycle.scope(&name).expect("a declared remote has a scope");
+        let part = |mut scope: RemoteScope| {
             let runs = self.runs.clone();
             let number = cycle.number();
-            parts.spawn(async move {
+            async move {
                 while let Some(token) = scope.next_run().await {
                     let _ = runs.send(Run {
                         cycle: number,
@@ -74,8 +79,23 @@ impl ManagerFactory for Scoped {
                     });
                     token.cancelled().await;
                 }
-            });
+                // The scope ended: the remote was removed, or the cycle ended.
+                let _ = runs.send(Run {
+                    cycle: number,
+                    remote: format!("{} ended", scope.remote()),
+                    token: CancellationToken::new(),
+                });
+            }
+        };
+        for name in names {
+            parts.spawn(part(
+                cycle.scope(&name).expect("a declared remote has a scope"),
+            ));
         }
+        while let Some(scope) = cycle.joined().await {
+            parts.spawn(part(scope));
+        }
+        // `joined` ends at once for a cycle without scopes.
         cycle.cancelled().await;
         while parts.join_next().await.is_some() {}
         Ok(())
@@ -85,6 +105,7 @@ impl ManagerFactory for Scoped {
 struct Harness {
     used: Arc<Mutex<UsedRemotes>>,
     signals: mpsc::UnboundedSender<RemoteSignal>,
+    changes: mpsc::UnboundedSender<Cause>,
     cycles: mpsc::UnboundedReceiver<CycleToken>,
     runs: mpsc::UnboundedReceiver<Run>,
     handle: SupervisorHandle,
@@ -105,18 +126,30 @@ fn start(used: UsedRemotes, config: SupervisorConfig) -> Harness {
 }
 
 fn start_with(used: UsedRemotes, config: SupervisorConfig, waits: bool) -> Harness {
+    start_taking(used, config, waits, false)
+}
+
+/// The receiver as a stream.
+fn stream<T: Send + 'static>(
+    rx: mpsc::UnboundedReceiver<T>,
+) -> impl futures_util::Stream<Item = T> + Send + 'static {
+    futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    })
+}
+
+fn start_taking(used: UsedRemotes, config: SupervisorConfig, waits: bool, takes: bool) -> Harness {
     let (cycles_tx, cycles) = mpsc::unbounded_channel();
     let (runs_tx, runs) = mpsc::unbounded_channel();
     let (signals, rx) = mpsc::unbounded_channel();
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|signal| (signal, rx))
-    });
+    let (changes, changes_rx) = mpsc::unbounded_channel();
     let registry = Registry::new();
     let used = Arc::new(Mutex::new(used));
     let supervisor = Supervisor::new(
         Scoped {
             used: Arc::clone(&used),
             waits,
+            takes,
             cycles: cycles_tx,
             runs: runs_tx,
         },
@@ -124,13 +157,15 @@ fn start_with(used: UsedRemotes, config: SupervisorConfig, waits: bool) -> Harne
         &registry,
     )
     .expect("valid config")
-    .end_cycles_on(stream);
+    .end_cycles_on(stream(rx))
+    .change_remotes_on(stream(changes_rx));
     let handle = supervisor.handle();
     let root = CancellationToken::new();
     let run = tokio::spawn(supervisor.run(root.clone()));
     Harness {
         used,
         signals,
+        changes,
         cycles,
         runs,
         handle,
@@ -165,6 +200,21 @@ impl Harness {
 
     fn send(&self, signal: RemoteSignal) {
         self.signals.send(signal).expect("the supervisor listens");
+    }
+
+    /// The manager uses `now` from here on, for `cause`.
+    fn change(&self, now: Vec<UsedRemote>, cause: Cause) {
+        *self.used.lock().expect("not poisoned") = UsedRemotes::Only(now);
+        self.changes.send(cause).expect("the supervisor listens");
+    }
+
+    fn changes(&self, change: RemoteChange, cause: CauseKind) -> f64 {
+        common::metric(
+            &self.registry,
+            "tether_remote_changes_total",
+            &[("change", change.as_str()), ("cause", cause.as_str())],
+        )
+        .expect("every change and cause is exported")
     }
 
     /// Lets the loop take what was sent, on the paused clock.
@@ -461,5 +511,191 @@ async fn restart_series_follow_the_remotes_each_cycle_uses() {
     h.next_cycle().await;
     assert_eq!(h.restarts("gone", CauseKind::RemoteLost), None);
     assert_eq!(h.restarts("new", CauseKind::RemoteLost), Some(0.0));
+    assert_eq!(h.shut_down().await, ShutdownOutcome::Clean);
+}
+
+/// A manager that takes remote changes: a remote added gets a scope and a
+/// run, one removed has its run cancelled and its scope ended, one at a new
+/// version runs anew, all in the same cycle; each change is counted and
+/// kept for the status page.
+#[tokio::test(start_paused = true)]
+async fn a_manager_that_takes_remote_changes_gets_them_in_its_running_cycle() {
+    let mut h = start_taking(
+        UsedRemotes::Only(vec![
+            UsedRemote::ends_cycle("required"),
+            UsedRemote::restarts_alone("optional"),
+        ]),
+        config(),
+        false,
+        true,
+    );
+    let cycle = h.next_cycle().await;
+    let mut first = [h.next_run().await, h.next_run().await];
+    first.sort_by(|a, b| a.remote.cmp(&b.remote));
+    let [optional, required] = first;
+
+    // Added: a scope of its own, and a restart series at 0.
+    h.change(
+        vec![
+            UsedRemote::ends_cycle("required"),
+            UsedRemote::restarts_alone("optional"),
+            UsedRemote::restarts_alone("new"),
+        ],
+        Cause::ConfigChanged,
+    );
+    let added = h.next_run().await;
+    assert_eq!((added.remote.as_str(), added.cycle), ("new", 1));
+    assert_eq!(h.restarts("new", CauseKind::RemoteLost), Some(0.0));
+
+    // Rebuilt: a new run of that remote's part alone.
+    h.change(
+        vec![
+            UsedRemote::ends_cycle("required"),
+            UsedRemote::restarts_alone("optional").at_version(2),
+            UsedRemote::restarts_alone("new"),
+        ],
+        Cause::ConfigChanged,
+    );
+    let rebuilt = h.next_run().await;
+    assert_eq!(rebuilt.remote, "optional");
+    assert!(optional.token.is_cancelled() && !rebuilt.token.is_cancelled());
+
+    // Removed, by a share that moved: its run ends, and its scope with it.
+    h.change(
+        vec![
+            UsedRemote::ends_cycle("required"),
+            UsedRemote::restarts_alone("optional").at_version(2),
+        ],
+        Cause::ShardChanged {
+            taken: 0,
+            given_up: 1,
+        },
+    );
+    assert_eq!(h.next_run().await.remote, "new ended");
+    assert!(added.token.is_cancelled());
+    assert_eq!(h.restarts("new", CauseKind::RemoteLost), None);
+
+    // A removed remote's loss is no longer the cycle's business.
+    h.send(lost("new"));
+    h.settle().await;
+    assert!(!cycle.is_cancelled(), "a change ended the cycle");
+    assert!(!required.token.is_cancelled() && !rebuilt.token.is_cancelled());
+    assert_eq!(h.handle.status().cycle, 1);
+    assert_eq!(
+        h.changes(RemoteChange::Added, CauseKind::ConfigChanged),
+        1.0
+    );
+    assert_eq!(
+        h.changes(RemoteChange::Rebuilt, CauseKind::ConfigChanged),
+        1.0
+    );
+    assert_eq!(
+        h.changes(RemoteChange::Removed, CauseKind::ShardChanged),
+        1.0
+    );
+    let kept: Vec<_> = h
+        .handle
+        .status()
+        .remote_changes
+        .iter()
+        .map(|c| (c.remote.clone(), c.change, c.cause, c.cycle))
+        .collect();
+    assert_eq!(
+        kept,
+        [
+            (
+                "new".to_owned(),
+                RemoteChange::Added,
+                CauseKind::ConfigChanged,
+                1
+            ),
+            (
+                "optional".to_owned(),
+                RemoteChange::Rebuilt,
+                CauseKind::ConfigChanged,
+                1
+            ),
+            (
+                "new".to_owned(),
+                RemoteChange::Removed,
+                CauseKind::ShardChanged,
+                1
+            ),
+        ]
+    );
+    assert_eq!(h.ended(CauseKind::ConfigChanged), 0.0);
+    assert_eq!(h.shut_down().await, ShutdownOutcome::Clean);
+}
+
+/// A part stopped for its remote's loss stays stopped through a new
+/// version, and starts at it when the remote is back; a change of what a
+/// loss costs cannot be taken in, and ends the cycle.
+#[tokio::test(start_paused = true)]
+async fn a_lost_remote_read_anew_waits_for_its_recovery_and_a_new_cost_ends_the_cycle() {
+    let mut h = start_taking(
+        UsedRemotes::Only(vec![UsedRemote::restarts_alone("optional")]),
+        config(),
+        false,
+        true,
+    );
+    let cycle = h.next_cycle().await;
+    let first = h.next_run().await;
+    h.send(lost("optional"));
+    h.until("optional stopped", |s| s.stopped_remotes == ["optional"])
+        .await;
+    assert!(first.token.is_cancelled());
+    h.change(
+        vec![UsedRemote::restarts_alone("optional").at_version(2)],
+        Cause::ConfigChanged,
+    );
+    h.settle().await;
+    assert_eq!(
+        h.handle.status().stopped_remotes,
+        ["optional"],
+        "a new version started a lost remote's part"
+    );
+    h.send(recovered("optional"));
+    let back = h.next_run().await;
+    assert_eq!((back.remote.as_str(), back.cycle), ("optional", 1));
+
+    h.change(
+        vec![UsedRemote::ends_cycle("optional")],
+        Cause::ConfigChanged,
+    );
+    let second = h.next_cycle().await;
+    assert_eq!(cycle.cause(), Some(&Cause::ConfigChanged));
+    assert_eq!(second.number(), 2);
+    assert_eq!(h.shut_down().await, ShutdownOutcome::Clean);
+}
+
+/// A manager that does not take remote changes has its cycle ended with
+/// the change's cause, as before.
+#[tokio::test(start_paused = true)]
+async fn a_manager_that_does_not_take_remote_changes_has_its_cycle_ended() {
+    let mut h = start(
+        UsedRemotes::Only(vec![UsedRemote::restarts_alone("a")]),
+        config(),
+    );
+    let cycle = h.next_cycle().await;
+    h.next_run().await;
+    h.change(
+        vec![
+            UsedRemote::restarts_alone("a"),
+            UsedRemote::restarts_alone("b"),
+        ],
+        Cause::ShardChanged {
+            taken: 1,
+            given_up: 0,
+        },
+    );
+    h.next_cycle().await;
+    assert_eq!(
+        cycle.cause(),
+        Some(&Cause::ShardChanged {
+            taken: 1,
+            given_up: 0
+        })
+    );
+    assert_eq!(h.changes(RemoteChange::Added, CauseKind::ShardChanged), 0.0);
     assert_eq!(h.shut_down().await, ShutdownOutcome::Clean);
 }
