@@ -7,8 +7,10 @@
 //!
 //! - the probes follow its targets;
 //! - the manager reads its plan when a cycle starts;
-//! - the supervisor ends the running cycle when the manager's part of it
-//!   changes ([`cycle_ends`]), as it does on a probe's signal;
+//! - the supervisor ends the running cycle when the manager's own part of
+//!   it changes ([`cycle_ends`]), as it does on a probe's signal, and makes
+//!   the running cycle follow the remotes it runs when only they change
+//!   ([`remote_changes`]);
 //! - the sharding hears of the remotes, and once nothing runs those this
 //!   replica gave up, that they are let go.
 //!
@@ -31,7 +33,8 @@ use crate::discovery::Discovery;
 use crate::lease::shard::ShardHandle;
 
 /// The static remotes as the daemon last read them, with the config they
-/// came from. A new `config` (a reload) always ends the running cycle.
+/// came from. A new `config` (a reload) ends the running cycle when the
+/// manager's own settings (`watch`, `exec`) differ.
 #[derive(Debug, Clone)]
 pub struct Statics {
     /// The config in force.
@@ -70,11 +73,16 @@ pub struct Desired {
     pub keys: BTreeMap<String, String>,
     /// With sharding, the remotes this replica holds.
     pub share: Option<BTreeSet<String>>,
-    /// Counts the changes of the manager's part: its config, or a remote
-    /// it runs (added, gone, required or not, read anew).
+    /// Counts the changes of the manager's own part, which end its cycle:
+    /// its settings, or whether a remote it runs is required.
     pub manager: u64,
     /// Why the manager's part last changed; `None` before it ever did.
     pub cause: Option<Cause>,
+    /// Counts the changes of the remotes the manager runs alone: added,
+    /// gone, or read anew (a new generation).
+    pub remotes: u64,
+    /// Why they last changed; `None` before they ever did.
+    pub remotes_cause: Option<Cause>,
     /// The daemon's reading of the static remotes this value takes in.
     pub reading: u64,
     /// The config the plan was made under, to tell a reload.
@@ -90,8 +98,10 @@ pub struct Change {
     pub removed: usize,
     /// Remotes probed with new settings.
     pub rebuilt: usize,
-    /// Why the running cycle ends, if the manager's part changed.
+    /// Why the running cycle ends, if the manager's own part changed.
     pub ends_cycle: Option<Cause>,
+    /// Why, if the remotes the manager runs changed, one by one.
+    pub remotes: Option<Cause>,
 }
 
 impl Change {
@@ -102,9 +112,10 @@ impl Change {
     }
 }
 
-/// A remote as the manager's part compares it.
-fn run_key(r: &ResolvedRemote) -> (&str, bool, u64) {
-    (r.name.as_str(), r.required, r.generation)
+/// A remote as the manager's part compares it: by name, whether it is
+/// required, and its generation.
+fn run_key(r: &ResolvedRemote) -> (&str, (bool, u64)) {
+    (r.name.as_str(), (r.required, r.generation))
 }
 
 impl Desired {
@@ -136,6 +147,8 @@ impl Desired {
             share: inputs.share.clone(),
             manager: 1,
             cause: None,
+            remotes: 1,
+            remotes_cause: None,
             reading: inputs.statics.reading,
             config: Arc::clone(&inputs.statics.config),
         }
@@ -159,6 +172,10 @@ impl Desired {
             Some(cause) => (self.manager + 1, Some(cause.clone())),
             None => (self.manager, self.cause.clone()),
         };
+        (next.remotes, next.remotes_cause) = match &change.remotes {
+            Some(cause) => (self.remotes + 1, Some(cause.clone())),
+            None => (self.remotes, self.remotes_cause.clone()),
+        };
         (next, change)
     }
 
@@ -178,15 +195,21 @@ impl Desired {
                     .is_some_and(|b| !Arc::ptr_eq(&b.config, &p.config))
             })
             .count();
-        let runs: Vec<_> = self.plan.remotes.iter().map(run_key).collect();
-        let will: Vec<_> = next.plan.remotes.iter().map(run_key).collect();
-        let ends_cycle = if !Arc::ptr_eq(&self.config, &next.config) {
-            Some(Cause::ConfigChanged)
-        } else if runs == will {
+        let runs: BTreeMap<&str, (bool, u64)> = self.plan.remotes.iter().map(run_key).collect();
+        let will: BTreeMap<&str, (bool, u64)> = next.plan.remotes.iter().map(run_key).collect();
+        // Whether a remote is required decides what its loss costs, which
+        // no running cycle can change.
+        let required_flipped = will
+            .iter()
+            .any(|(name, (required, _))| runs.get(name).is_some_and(|r| r.0 != *required));
+        let own = |d: &Self| (d.config.watch.clone(), d.config.exec.clone());
+        let ends_cycle =
+            (required_flipped || own(self) != own(next)).then_some(Cause::ConfigChanged);
+        let remotes = if ends_cycle.is_some() || runs == will {
             None
         } else if self.share != next.share {
-            let had: BTreeSet<&str> = runs.iter().map(|r| r.0).collect();
-            let has: BTreeSet<&str> = will.iter().map(|r| r.0).collect();
+            let had: BTreeSet<&str> = runs.keys().copied().collect();
+            let has: BTreeSet<&str> = will.keys().copied().collect();
             Some(Cause::ShardChanged {
                 taken: has.difference(&had).count(),
                 given_up: had.difference(&has).count(),
@@ -199,6 +222,7 @@ impl Desired {
             removed,
             rebuilt,
             ends_cycle,
+            remotes,
         }
     }
 
@@ -209,21 +233,39 @@ impl Desired {
     }
 }
 
-/// The causes to end the running cycle with, as the manager's part of
+/// The causes to end the running cycle with, as the manager's own part of
 /// `desired` changes: the supervisor's input. A value the stream skips
 /// (a `watch` keeps only the last) still counts: the stream compares what
 /// it last saw with what is there now.
 pub(crate) fn cycle_ends(
     desired: watch::Receiver<Arc<Desired>>,
 ) -> impl Stream<Item = Cause> + Send {
-    let seen = desired.borrow().manager;
-    futures_util::stream::unfold((desired, seen), |(mut desired, seen)| async move {
+    changes_of(desired, |d| (d.manager, d.cause.as_ref()))
+}
+
+/// The causes the remotes the manager runs changed for, one by one: the
+/// supervisor's input, which makes the running cycle follow them. As with
+/// [`cycle_ends`], skipped values still count.
+pub(crate) fn remote_changes(
+    desired: watch::Receiver<Arc<Desired>>,
+) -> impl Stream<Item = Cause> + Send {
+    changes_of(desired, |d| (d.remotes, d.remotes_cause.as_ref()))
+}
+
+/// A cause each time the counter `part` picks out of `desired` moves.
+fn changes_of(
+    desired: watch::Receiver<Arc<Desired>>,
+    part: fn(&Desired) -> (u64, Option<&Cause>),
+) -> impl Stream<Item = Cause> + Send {
+    let seen = part(&desired.borrow()).0;
+    futures_util::stream::unfold((desired, seen), move |(mut desired, seen)| async move {
         loop {
             desired.changed().await.ok()?;
             let now = Arc::clone(&desired.borrow_and_update());
-            if now.manager != seen {
-                let cause = now.cause.clone().unwrap_or(Cause::ConfigChanged);
-                return Some((cause, (desired, now.manager)));
+            let (count, cause) = part(&now);
+            if count != seen {
+                let cause = cause.cloned().unwrap_or(Cause::ConfigChanged);
+                return Some((cause, (desired, count)));
             }
         }
     })
@@ -457,96 +499,145 @@ mod tests {
     }
 
     #[test]
-    fn a_remote_read_anew_or_added_ends_the_cycle_as_a_config_change() {
+    fn a_remote_read_anew_or_added_changes_the_remotes_alone_and_the_cycle_runs_on() {
         let mut given = inputs(vec![remote("a", "a")], None);
         let first = Desired::from(&given);
         given.statics.config = Arc::clone(&first.config);
         given.statics.remotes = Arc::new(vec![remote("a", "a")]);
         let (second, change) = first.next(&given);
-        assert_eq!(change.ends_cycle, Some(Cause::ConfigChanged));
+        assert_eq!(
+            (change.rebuilt, change.ends_cycle, change.remotes),
+            (1, None, Some(Cause::ConfigChanged))
+        );
         given.discovered = vec![remote("d", "d")];
         let (third, change) = second.next(&given);
         assert_eq!(
-            (change.added, change.ends_cycle),
-            (1, Some(Cause::ConfigChanged))
+            (change.added, change.ends_cycle, change.remotes),
+            (1, None, Some(Cause::ConfigChanged))
         );
-        assert_eq!(third.manager, first.manager + 2);
+        assert_eq!(third.manager, first.manager);
+        assert_eq!(third.remotes, first.remotes + 2);
     }
 
     #[test]
-    fn a_reload_ends_the_cycle_even_with_the_same_remotes() {
+    fn a_remote_that_becomes_optional_or_required_ends_the_cycle() {
         let mut given = inputs(vec![remote("a", "a")], None);
         let first = Desired::from(&given);
-        // The same text, read again: a new config.
+        given.statics.config = Arc::clone(&first.config);
+        let mut optional = given.statics.remotes[0].clone();
+        optional.required = false;
+        given.statics.remotes = Arc::new(vec![optional]);
+        let (second, change) = first.next(&given);
+        assert_eq!(
+            (change.ends_cycle, change.remotes),
+            (Some(Cause::ConfigChanged), None)
+        );
+        assert_eq!(second.manager, first.manager + 1);
+    }
+
+    #[test]
+    fn a_reload_ends_the_cycle_only_when_the_managers_own_settings_change() {
+        let mut given = inputs(vec![remote("a", "a")], None);
+        let first = Desired::from(&given);
+        // The same text, read again: a new config, the same manager.
         given.statics.config = config();
-        let (_, change) = first.next(&given);
+        let (second, change) = first.next(&given);
+        assert_eq!((change.ends_cycle, change.remotes), (None, None));
+        given.statics.config = Arc::new(
+            Config::parse(
+                "remotes: [{name: a, server: \"https://a:6443\"}]\nwatch: []",
+                "t.yaml",
+                Path::new("."),
+            )
+            .expect("valid"),
+        );
+        let (_, change) = second.next(&given);
         assert_eq!(change.ends_cycle, Some(Cause::ConfigChanged));
     }
 
     #[test]
-    fn a_new_share_ends_the_cycle_with_what_was_taken_and_given_up() {
+    fn a_new_share_changes_the_remotes_with_what_was_taken_and_given_up() {
         let all = vec![remote("a", "a"), remote("b", "b"), remote("c", "c")];
         let mut given = inputs(all, Some(&["a", "b"]));
         let first = Desired::from(&given);
         given.statics.config = Arc::clone(&first.config);
         given.share = Some(BTreeSet::from(["b".to_owned(), "c".to_owned()]));
-        let (_, change) = first.next(&given);
+        let (second, change) = first.next(&given);
+        assert_eq!(change.ends_cycle, None);
         assert_eq!(
-            change.ends_cycle,
+            change.remotes,
             Some(Cause::ShardChanged {
                 taken: 1,
                 given_up: 1
             })
         );
         // A discovered remote outside the share changes nothing it runs.
-        let (second, _) = first.next(&given);
         given.discovered = vec![remote("z", "z")];
         let (third, change) = second.next(&given);
-        assert_eq!(change.ends_cycle, None);
-        assert_eq!(third.manager, second.manager);
+        assert_eq!((change.ends_cycle, change.remotes), (None, None));
+        assert_eq!(third.remotes, second.remotes);
         assert_eq!(third.keys.len(), 4);
     }
 
-    /// The planner publishes each change of its inputs, and the cycle ends
-    /// follow only the manager's part: a burst of values the stream
-    /// skips still ends the cycle once.
+    /// The planner publishes each change of its inputs; the remote
+    /// changes follow the remotes it runs and the cycle ends only the
+    /// manager's own part: a burst of values the streams skip still
+    /// counts, once.
     #[tokio::test(start_paused = true)]
-    async fn the_planner_publishes_and_cycle_ends_follow_only_the_managers_part() {
+    async fn the_planner_publishes_and_each_stream_follows_its_own_part() {
         let given = inputs(vec![remote("a", "a")], None);
         let (statics_tx, statics) = watch::channel(given.statics.clone());
         let (planner, desired) = Planner::new(statics, None, None);
         let mut ends = Box::pin(cycle_ends(desired.clone()));
+        let mut changes = Box::pin(remote_changes(desired.clone()));
         let stop = CancellationToken::new();
         let task = tokio::spawn(planner.run(stop.clone()));
+        let send = |remotes: Vec<ResolvedRemote>, reading| {
+            statics_tx.send_replace(Statics {
+                config: Arc::clone(&given.statics.config),
+                remotes: Arc::new(remotes),
+                reading,
+            });
+        };
 
-        // A token rotation: a new value, the cycle runs on.
+        // A token rotation: a new value, nothing for the manager.
         let a = given.statics.remotes[0].clone();
         let mut rotated = remote("a", "a");
         rotated.generation = a.generation;
-        let mut changed = desired.clone();
-        statics_tx.send_replace(Statics {
-            config: Arc::clone(&given.statics.config),
-            remotes: Arc::new(vec![rotated]),
-            reading: 1,
-        });
-        changed.changed().await.expect("published");
-        assert_eq!(changed.borrow_and_update().revision, 2);
+        let mut published = desired.clone();
+        send(vec![rotated], 1);
+        published.changed().await.expect("published");
+        assert_eq!(published.borrow_and_update().revision, 2);
         assert!(
             ends.next().now_or_never().is_none(),
             "a token rotation ended the cycle"
         );
+        assert!(
+            changes.next().now_or_never().is_none(),
+            "a token rotation rebuilt the remote"
+        );
 
         // Two reads at once: the stream may see only the last, and still
-        // ends the cycle, once.
-        for host in ["a", "a"] {
-            statics_tx.send_replace(Statics {
-                config: Arc::clone(&given.statics.config),
-                remotes: Arc::new(vec![remote("a", host)]),
-                reading: 2,
-            });
+        // changes the remotes, once.
+        for _ in 0..2 {
+            send(vec![remote("a", "a")], 2);
             tokio::task::yield_now().await;
         }
-        let cause = tokio::time::timeout(std::time::Duration::from_secs(1), ends.next())
+        let within = std::time::Duration::from_secs(1);
+        let cause = tokio::time::timeout(within, changes.next())
+            .await
+            .expect("a change");
+        assert_eq!(cause, Some(Cause::ConfigChanged));
+        assert!(
+            ends.next().now_or_never().is_none(),
+            "a remote read anew ended the cycle"
+        );
+
+        // Optional now: what its loss costs changed, and the cycle ends.
+        let mut optional = remote("a", "a");
+        optional.required = false;
+        send(vec![optional], 3);
+        let cause = tokio::time::timeout(within, ends.next())
             .await
             .expect("a cycle end");
         assert_eq!(cause, Some(Cause::ConfigChanged));

@@ -240,12 +240,18 @@ async fn reload_applies_a_good_config_and_rejects_a_broken_one() {
         streak >= Some(3.0),
         "the reload reset a's streak: {streak:?}"
     );
-    assert!(
-        tether
-            .metric("tether_cycles_total{cause=\"config_changed\"}")
-            .await
-            >= Some(1.0)
-    );
+    // The running cycle took both in, remote by remote.
+    for change in ["added", "removed"] {
+        assert_eq!(
+            tether
+                .metric(&format!(
+                    "tether_remote_changes_total{{cause=\"config_changed\",change=\"{change}\"}}"
+                ))
+                .await,
+            Some(1.0),
+            "{change}"
+        );
+    }
 
     std::fs::write(
         &tether.config,

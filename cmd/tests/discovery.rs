@@ -362,13 +362,28 @@ impl World {
         appeared
     }
 
-    /// `a`'s token rotated to one the apiserver takes: a new cycle, whose
-    /// client has it, and its cache syncs. How long it took.
+    /// `a`'s token rotated to one the apiserver takes: `a` alone is rebuilt
+    /// in the running cycle, with a client that has it, and its cache
+    /// syncs. How long it took.
     async fn rotates(&self) -> Duration {
+        let rebuilt = ["change=\"rebuilt\"", "cause=\"config_changed\""];
         let cycle = self.metric("tether_cycle", &[]).await.expect("a cycle");
+        let before = self
+            .metric("tether_remote_changes_total", &rebuilt)
+            .await
+            .expect("exported at 0");
         let rotated = argocd("cluster-a", "a", &self.a, &self.a.token());
+        let started = Instant::now();
         self.secrets.replace("argocd", &rotated).await;
-        let synced = until(
+        until(
+            &self.tether,
+            "tether_remote_changes_total",
+            &rebuilt,
+            "one more",
+            |v| v.unwrap_or(0.0) > before,
+        )
+        .await;
+        until(
             &self.tether,
             "tether_watch_synced",
             &[&named("a")],
@@ -376,33 +391,39 @@ impl World {
             |v| v == Some(1.0),
         )
         .await;
-        assert!(
-            self.metric("tether_cycle", &[]).await.expect("a cycle") > cycle,
-            "a new cycle, for the new client"
+        assert_eq!(
+            self.metric("tether_cycle", &[]).await,
+            Some(cycle),
+            "a rotated cluster ended the cycle"
         );
-        synced
+        started.elapsed()
     }
 
-    /// A Secret goes: its series go with it. How long it took. Then the
-    /// cycle that ran it ends (`config_changed`), which is counted when its
-    /// manager has returned, after the series went: waited for here, so
-    /// that the next step counts from a settled number.
+    /// A Secret goes: its series go with it, and its part of the running
+    /// cycle stops alone (`removed`), the cycle running on. How long it
+    /// took.
     async fn goes(&self) -> Duration {
-        let changed = ["cause=\"config_changed\""];
-        let cycles = self
-            .metric("tether_cycles_total", &changed)
+        let removed = ["change=\"removed\"", "cause=\"config_changed\""];
+        let cycle = self.metric("tether_cycle", &[]).await.expect("a cycle");
+        let before = self
+            .metric("tether_remote_changes_total", &removed)
             .await
-            .unwrap_or(0.0);
+            .expect("exported at 0");
         self.secrets.delete("fleet", "c2").await;
         let gone = until_reachable(&self.tether, "c2", None).await;
         until(
             &self.tether,
-            "tether_cycles_total",
-            &changed,
+            "tether_remote_changes_total",
+            &removed,
             "one more",
-            |v| v.unwrap_or(0.0) > cycles,
+            |v| v.unwrap_or(0.0) > before,
         )
         .await;
+        assert_eq!(
+            self.metric("tether_cycle", &[]).await,
+            Some(cycle),
+            "a cluster gone ended the cycle"
+        );
         gone
     }
 

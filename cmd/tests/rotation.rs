@@ -123,8 +123,9 @@ async fn running(b: &ApiServer, volume: &SecretVolume) -> (ApiServer, Tether) {
 /// Rotates `what` on `b` and swaps the volume to the new files at once;
 /// then `b` is reachable and ready within the detection bound, its client
 /// rebuilt for `changed`, with no loss, no signal, and `a` left alone; the
-/// cycle ended for it exactly when `ends_cycle`.
-async fn rotated(b: &ApiServer, what: Rotation, changed: &str, ends_cycle: bool) {
+/// manager's part of `b` rebuilt alone exactly when `rebuilds`, and the
+/// cycle never ended.
+async fn rotated(b: &ApiServer, what: Rotation, changed: &str, rebuilds: bool) {
     let mut volume = SecretVolume::new(&keys(b));
     let (a, tether) = running(b, &volume).await;
     let a_probes = "tether_remote_probe_duration_seconds_count{remote=\"a\",result=\"reachable\"}";
@@ -180,12 +181,21 @@ async fn rotated(b: &ApiServer, what: Rotation, changed: &str, ends_cycle: bool)
         tether.metric(&reachable(&a, "a")).await == Some(1.0),
         "{what:?}: a was touched"
     );
+    let rebuilt = "tether_remote_changes_total{cause=\"config_changed\",change=\"rebuilt\"}";
+    if rebuilds {
+        tether.until_metric(rebuilt, "1", |v| v == 1.0).await;
+    }
+    assert_eq!(
+        tether.metric(rebuilt).await,
+        Some(if rebuilds { 1.0 } else { 0.0 }),
+        "{what:?}"
+    );
     assert_eq!(
         tether
             .metric("tether_cycles_total{cause=\"config_changed\"}")
             .await,
-        Some(if ends_cycle { 1.0 } else { 0.0 }),
-        "{what:?}"
+        Some(0.0),
+        "{what:?}: a rotation ended the cycle"
     );
 }
 
@@ -202,9 +212,9 @@ async fn tls_server(client_certs: bool) -> ApiServer {
     .expect("server")
 }
 
-/// The manager's clients trusted the old CA: the cycle ends.
+/// The manager's clients trusted the old CA: b's part is rebuilt alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_new_ca_in_a_secret_volume_is_used_without_a_signal_and_ends_the_cycle() {
+async fn a_new_ca_in_a_secret_volume_is_used_without_a_signal_and_rebuilds_that_remote_alone() {
     rotated(
         &tls_server(false).await,
         Rotation::Ca,
@@ -214,7 +224,7 @@ async fn a_new_ca_in_a_secret_volume_is_used_without_a_signal_and_ends_the_cycle
     .await;
 }
 
-/// kube and client-go re-read a token file by themselves: the cycle runs on.
+/// kube and client-go re-read a token file by themselves: nothing is rebuilt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_token_in_a_secret_volume_is_used_without_a_signal_and_the_cycle_runs_on() {
     rotated(

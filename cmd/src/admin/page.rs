@@ -639,6 +639,12 @@ fn facts(view: &StatusView) -> Markup {
         .filter(|(_, n)| **n > 0)
         .map(|(cause, n)| format!("{cause} {n}"))
         .collect();
+    let changed: Vec<String> = s
+        .remote_changed
+        .iter()
+        .filter(|(_, n)| **n > 0)
+        .map(|(change, n)| format!("{change} {n}"))
+        .collect();
     html! {
         section #facts {
             h2 { "Details" }
@@ -659,6 +665,12 @@ fn facts(view: &StatusView) -> Markup {
                     (fact("backoff", human::span(secs(backoff))))
                 }
                 (fact("cycles ended", if ended.is_empty() { "none yet".to_owned() } else { ended.join(" · ") }))
+                @if let Some(last) = s.remote_changes.last() {
+                    (fact("remotes changed in a running cycle", html! {
+                        (changed.join(" · ")) " · last: " code { (last.remote) } " " (last.change)
+                        " (" (last.cause) ", cycle " (last.cycle) ") · " (ago(last.seconds_ago))
+                    }))
+                }
                 (fact("draining", if view.draining { "yes" } else { "no" }))
                 @if let Some(p) = &view.process { (process_facts(p)) }
                 @if let Some(e) = &view.election { (election_facts(e)) }

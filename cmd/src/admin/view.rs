@@ -331,6 +331,27 @@ pub struct SupervisorView {
     pub ended: BTreeMap<&'static str, u64>,
     /// The running cycle, then the last ended ones, newest first.
     pub cycles: Vec<CycleView>,
+    /// The last remotes added to, removed from or rebuilt in a running
+    /// cycle without ending it, oldest first.
+    pub remote_changes: Vec<RemoteChangeView>,
+    /// Those changes since the start, by kind.
+    pub remote_changed: BTreeMap<&'static str, u64>,
+}
+
+/// One remote's part of a running cycle, changed without ending it.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RemoteChangeView {
+    /// The remote.
+    pub remote: String,
+    /// `added`, `removed` or `rebuilt`.
+    pub change: &'static str,
+    /// `config_changed` or `shard_changed`.
+    pub cause: &'static str,
+    /// The cycle it happened in.
+    pub cycle: u64,
+    /// How long ago.
+    pub seconds_ago: f64,
 }
 
 /// One cycle in the timeline.
@@ -642,6 +663,22 @@ fn supervisor_view(status: &Status) -> SupervisorView {
             .map(|(kind, count)| (kind.as_str(), *count))
             .collect(),
         cycles: running.into_iter().chain(ended).collect(),
+        remote_changes: status
+            .remote_changes
+            .iter()
+            .map(|c| RemoteChangeView {
+                remote: c.remote.clone(),
+                change: c.change.as_str(),
+                cause: c.cause.as_str(),
+                cycle: c.cycle,
+                seconds_ago: seconds_ago(c.at),
+            })
+            .collect(),
+        remote_changed: status
+            .remote_changed
+            .iter()
+            .map(|(change, count)| (change.as_str(), *count))
+            .collect(),
     }
 }
 

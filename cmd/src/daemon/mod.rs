@@ -151,7 +151,8 @@ impl Daemon {
         let supervisor = Supervisor::new(manager, config.supervisor, &registry)
             .map_err(setup("supervisor"))?
             .end_cycles_on(probes.signals())
-            .end_cycles_with(desired::cycle_ends(desired.clone()));
+            .end_cycles_with(desired::cycle_ends(desired.clone()))
+            .change_remotes_on(desired::remote_changes(desired.clone()));
         let supervisor = gated(supervisor, election_handle.as_ref(), shard.as_ref());
         let supervisor_handle = supervisor.handle();
         let draining = Arc::new(AtomicBool::new(false));

@@ -55,13 +55,13 @@ impl ManagerFactory for Manager {
     /// Asked as a cycle starts: the manager takes the plan published now,
     /// which the cycle then runs.
     fn remotes(&self) -> UsedRemotes {
-        let plan = Arc::clone(&self.desired.borrow().plan);
+        let (revision, plan) = {
+            let desired = self.desired.borrow();
+            (desired.revision, Arc::clone(&desired.plan))
+        };
         match &self.kind {
             Kind::Watch(manager) => {
-                let handle = manager.handle();
-                if !Arc::ptr_eq(&handle.plan(), &plan) {
-                    handle.update(plan);
-                }
+                manager.handle().update(revision, plan);
                 manager.remotes()
             }
             Kind::Exec(manager) => {
@@ -78,16 +78,24 @@ impl ManagerFactory for Manager {
         }
     }
 
-    async fn run(&self, cycle: CycleToken) -> Result<(), ManagerError> {
-        let plan = match &self.kind {
-            Kind::Watch(manager) => manager.handle().plan(),
-            Kind::Exec(manager) => manager.handle().plan(),
-        };
-        // Cleared however the run ends, a panic included.
-        let _running = Running::set(&self.running, crate::config::remote::names(&plan.remotes));
+    fn takes_remote_changes(&self) -> bool {
         match &self.kind {
+            Kind::Watch(manager) => manager.takes_remote_changes(),
+            Kind::Exec(manager) => manager.takes_remote_changes(),
+        }
+    }
+
+    async fn run(&self, cycle: CycleToken) -> Result<(), ManagerError> {
+        match &self.kind {
+            // It says itself what runs, remote by remote.
             Kind::Watch(manager) => manager.run(cycle).await,
-            Kind::Exec(manager) => manager.run(cycle).await,
+            Kind::Exec(manager) => {
+                let plan = manager.handle().plan();
+                // Cleared however the run ends, a panic included.
+                let _running =
+                    Running::set(&self.running, crate::config::remote::names(&plan.remotes));
+                manager.run(cycle).await
+            }
         }
     }
 }
@@ -189,14 +197,13 @@ pub fn build(
 }
 
 impl Handle {
-    /// Takes in a published plan between cycles: the watch manager forgets
-    /// at once the caches and series of what it no longer has. The next
-    /// cycle runs it either way.
+    /// Takes in a published plan: the watch manager forgets at once the
+    /// caches and series of what it no longer has. Its running cycle takes
+    /// the remotes in as the supervisor says; the next cycle runs the plan
+    /// either way.
     pub fn follow(&self, desired: &Desired) {
-        if let HandleKind::Watch(handle) = &self.kind
-            && !Arc::ptr_eq(&handle.plan(), &desired.plan)
-        {
-            handle.update(Arc::clone(&desired.plan));
+        if let HandleKind::Watch(handle) = &self.kind {
+            handle.update(desired.revision, Arc::clone(&desired.plan));
         }
     }
 
@@ -206,11 +213,14 @@ impl Handle {
         Arc::clone(&self.desired.borrow().plan)
     }
 
-    /// The remotes the running cycle's plan has, as it changes; none
-    /// between cycles.
+    /// The remotes the running cycle runs, as it changes; none between
+    /// cycles. The watch manager's leave it only once their part ended.
     #[must_use]
     pub fn running(&self) -> channel::Receiver<BTreeSet<String>> {
-        self.running.clone()
+        match &self.kind {
+            HandleKind::Watch(handle) => handle.running(),
+            HandleKind::Exec(_) => self.running.clone(),
+        }
     }
 
     /// The watch manager's view, if it is the manager.

@@ -20,10 +20,19 @@
 //! - A remote's client is built off the async workers (it runs the exec
 //!   credential plugin, if any), and built again with backoff while that
 //!   fails: a hung or failing plugin stops that remote's watches alone.
-//! - Remotes and watch types are read afresh at each cycle's start, so a
-//!   reload takes effect in the next cycle.
+//! - Each remote's part lives as long as its scope: a remote added to the
+//!   running cycle (config, discovery, a share gained) starts its watches
+//!   alone, one removed stops them alone and its series go, and one read
+//!   anew (a new generation: credentials, CA or server) runs anew alone.
+//!   No other remote's watches stop or list again.
+//! - Each run of a remote's part uses the remote as the newest plan has
+//!   it; the resource types are the cycle's, read at its start: a change of
+//!   them ends the cycle.
+//! - What the manager runs ([`ManagerHandle::running`]) is the set of
+//!   remotes whose part has not yet ended: a remote given up to another
+//!   replica leaves it only once its watches have stopped.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -37,7 +46,7 @@ use tether_supervisor::{
     Backoff, BackoffConfig, CycleToken, ManagerError, ManagerFactory, RemoteScope, UsedRemote,
     UsedRemotes,
 };
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch as channel};
 use tokio::task::{JoinError, JoinSet};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -112,7 +121,10 @@ fn used(plan: &Plan) -> &[ResolvedRemote] {
 
 #[derive(Debug)]
 struct Shared {
-    plan: Mutex<Arc<Plan>>,
+    /// The newest plan, and the revision of the value it came with.
+    plan: Mutex<(u64, Arc<Plan>)>,
+    /// The remotes whose part runs now.
+    running: channel::Sender<BTreeSet<String>>,
     caches: Mutex<Caches>,
     probes: ProbeSetHandle,
     stale_after: Duration,
@@ -132,10 +144,12 @@ impl Shared {
         }
     }
 
-    /// Deletes the caches, and their series, of pairs `plan` no longer has.
-    fn forget_unplanned(&self, plan: &Plan) {
+    /// Deletes the caches, and their series, of pairs `plan` no longer
+    /// has, and adds those it has new, unsynced.
+    fn follow_plan(&self, plan: &Plan) {
         let wanted = plan.pairs();
-        lock(&self.caches).retain(|(remote, resource), _| {
+        let mut caches = lock(&self.caches);
+        caches.retain(|(remote, resource), _| {
             let keep = wanted.contains(&(remote.clone(), resource.clone()));
             if !keep {
                 let _ = self.synced.remove_label_values(&[remote, resource]);
@@ -143,6 +157,37 @@ impl Shared {
             }
             keep
         });
+        for pair in wanted {
+            if let std::collections::btree_map::Entry::Vacant(new) = caches.entry(pair) {
+                let (remote, resource) = new.key();
+                self.export(remote, resource, CacheState::default());
+                new.insert(CacheState::default());
+            }
+        }
+    }
+
+    /// The remote `name` as the newest plan has it.
+    fn remote(&self, name: &str) -> Option<ResolvedRemote> {
+        lock(&self.plan)
+            .1
+            .remotes
+            .iter()
+            .find(|r| r.name == name)
+            .cloned()
+    }
+
+    /// Counts one more or one fewer part of `remote` running.
+    fn part(&self, parts: &mut BTreeMap<String, usize>, remote: &str, starts: bool) {
+        let count = parts.entry(remote.to_owned()).or_default();
+        if starts {
+            *count += 1;
+        } else {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                parts.remove(remote);
+            }
+        }
+        self.running.send_replace(parts.keys().cloned().collect());
     }
 
     fn export(&self, remote: &str, resource: &str, state: CacheState) {
@@ -175,13 +220,7 @@ impl Shared {
     /// Resets the caches for a new cycle's plan: series of pairs no longer
     /// planned are deleted, the rest start unsynced.
     fn reset_caches(&self, plan: &Plan) {
-        self.forget_unplanned(plan);
-        {
-            let mut caches = lock(&self.caches);
-            for pair in plan.pairs() {
-                caches.entry(pair).or_default();
-            }
-        }
+        self.follow_plan(plan);
         for remote in &plan.remotes {
             self.unsync(&remote.name, &plan.watch);
         }
@@ -228,14 +267,15 @@ impl WatchManager {
         registry.register(Box::new(objects.clone()))?;
         registry.register(Box::new(synced.clone()))?;
         let shared = Arc::new(Shared {
-            plan: Mutex::new(Arc::new(plan)),
+            plan: Mutex::new((0, Arc::new(plan))),
+            running: channel::Sender::new(BTreeSet::new()),
             caches: Mutex::default(),
             probes,
             stale_after,
             objects,
             synced,
         });
-        shared.reset_caches(&lock(&shared.plan));
+        shared.reset_caches(&lock(&shared.plan).1);
         Ok(Self { shared })
     }
 
@@ -249,17 +289,29 @@ impl WatchManager {
 }
 
 impl ManagerHandle {
-    /// The plan the next cycle runs: the remotes, and what is cached.
+    /// The newest plan: the remotes, and what is cached.
     #[must_use]
     pub fn plan(&self) -> Arc<Plan> {
-        Arc::clone(&lock(&self.shared.plan))
+        Arc::clone(&lock(&self.shared.plan).1)
     }
 
-    /// Replaces the plan; the next cycle runs it. The caches and series of
-    /// remotes and resources it no longer has go at once.
-    pub fn update(&self, plan: Arc<Plan>) {
-        self.shared.forget_unplanned(&plan);
-        *lock(&self.shared.plan) = plan;
+    /// Takes in `plan`, of the value numbered `revision`, unless it or a
+    /// newer one is in: the caches and series of remotes and resources it no
+    /// longer has go at once, and a remote's part reads its remote from it
+    /// at its next run. The resource types take effect in the next cycle.
+    pub fn update(&self, revision: u64, plan: Arc<Plan>) {
+        let mut newest = lock(&self.shared.plan);
+        if revision <= newest.0 {
+            return;
+        }
+        self.shared.follow_plan(&plan);
+        *newest = (revision, plan);
+    }
+
+    /// The remotes whose part runs now, as it changes: none between cycles.
+    #[must_use]
+    pub fn running(&self) -> channel::Receiver<BTreeSet<String>> {
+        self.shared.running.subscribe()
     }
 
     /// The caches as they are now.
@@ -356,12 +408,15 @@ impl FailureLog {
 /// A change of a cache's state, for the manager's readiness.
 #[derive(Debug)]
 struct Change {
+    /// The part of the remote it belongs to.
+    part: u64,
     cache: (String, String),
     current: bool,
 }
 
 /// One reflector: a remote's cache of one resource type.
 struct Cache {
+    part: u64,
     remote: String,
     spec: WatchSpec,
     client: kube::Client,
@@ -495,6 +550,7 @@ impl Cache {
         if before.current() != now.current() {
             // The manager is gone only when its cycle is, and so is this.
             let _ = self.changes.send(Change {
+                part: self.part,
                 cache: (self.remote.clone(), resource.to_owned()),
                 current: now.current(),
             });
@@ -555,134 +611,238 @@ async fn client_for(
     }
 }
 
-/// Runs `remote`'s reflectors for every run of its scope, each run with a
-/// new client.
-async fn run_remote(
-    remote: ResolvedRemote,
-    plan: Arc<Plan>,
-    mut scope: RemoteScope,
+/// One remote's part of a cycle: its scope, and what it caches.
+struct Part {
+    id: u64,
+    scope: RemoteScope,
+    watch: Arc<Vec<WatchSpec>>,
     shared: Arc<Shared>,
     changes: mpsc::UnboundedSender<Change>,
-) -> Result<(), Error> {
-    let mut pending = None;
-    while let Some(run) = scope.next_run().await {
-        shared.unsync(&remote.name, &plan.watch);
-        let Some(client) = client_for(&remote, &shared.probes, &run, &mut pending).await else {
-            continue;
-        };
-        let mut caches = JoinSet::new();
-        for spec in &plan.watch {
-            let cache = Cache {
-                remote: remote.name.clone(),
-                spec: spec.clone(),
-                client: client.clone(),
-                shared: Arc::clone(&shared),
-                changes: changes.clone(),
+}
+
+impl Part {
+    /// Runs the remote's reflectors for every run of its scope, each run
+    /// with a new client, on the remote as the newest plan has it, until
+    /// the scope ends: with the cycle, or the remote removed from it.
+    async fn run(mut self) -> Result<(), Error> {
+        let name = self.scope.remote().to_owned();
+        let mut pending = None;
+        while let Some(run) = self.scope.next_run().await {
+            self.shared.unsync(&name, &self.watch);
+            // Gone from the plan: its scope ends once the supervisor hears.
+            let Some(remote) = self.shared.remote(&name) else {
+                continue;
             };
-            caches.spawn(cache.run(run.clone()));
-        }
-        tokio::select! {
-            biased;
-            () = run.cancelled() => {}
-            Some(ended) = caches.join_next() => {
-                // A reflector ends only when stopped.
-                caches.shutdown().await;
-                return Err(match ended {
-                    Err(source) if source.is_panic() => Error::WatchPanicked { remote: remote.name, source },
-                    _ => Error::WatchEnded { remote: remote.name },
-                });
+            let Some(client) = client_for(&remote, &self.shared.probes, &run, &mut pending).await
+            else {
+                continue;
+            };
+            let mut caches = JoinSet::new();
+            for spec in self.watch.iter() {
+                let cache = Cache {
+                    part: self.id,
+                    remote: name.clone(),
+                    spec: spec.clone(),
+                    client: client.clone(),
+                    shared: Arc::clone(&self.shared),
+                    changes: self.changes.clone(),
+                };
+                caches.spawn(cache.run(run.clone()));
             }
+            tokio::select! {
+                biased;
+                () = run.cancelled() => {}
+                Some(ended) = caches.join_next() => {
+                    // A reflector ends only when stopped.
+                    caches.shutdown().await;
+                    return Err(match ended {
+                        Err(source) if source.is_panic() => Error::WatchPanicked { remote: name, source },
+                        _ => Error::WatchEnded { remote: name },
+                    });
+                }
+            }
+            while caches.join_next().await.is_some() {}
+            self.shared.unsync(&name, &self.watch);
         }
-        while caches.join_next().await.is_some() {}
-        shared.unsync(&remote.name, &plan.watch);
+        Ok(())
     }
-    Ok(())
+}
+
+/// The parts of one cycle, and what readiness needs of them.
+struct Parts {
+    tasks: JoinSet<Result<(), Error>>,
+    /// By task, the part and its remote.
+    which: BTreeMap<tokio::task::Id, (u64, String)>,
+    /// How many parts of each remote run (two, briefly, when a remote is
+    /// removed and added again).
+    count: BTreeMap<String, usize>,
+    /// Each required part's caches, and whether each is current.
+    required: BTreeMap<u64, BTreeMap<String, bool>>,
+    next: u64,
+    watch: Arc<Vec<WatchSpec>>,
+    shared: Arc<Shared>,
+    changes: mpsc::UnboundedSender<Change>,
+}
+
+impl Parts {
+    fn start(&mut self, scope: RemoteScope) {
+        self.next += 1;
+        let id = self.next;
+        let name = scope.remote().to_owned();
+        if scope.on_loss() == tether_supervisor::OnLoss::EndCycle {
+            let caches = self
+                .watch
+                .iter()
+                .map(|w| (w.resource_label(), false))
+                .collect();
+            self.required.insert(id, caches);
+        }
+        self.shared.part(&mut self.count, &name, true);
+        let part = Part {
+            id,
+            scope,
+            watch: Arc::clone(&self.watch),
+            shared: Arc::clone(&self.shared),
+            changes: self.changes.clone(),
+        };
+        let task = self.tasks.spawn(part.run());
+        self.which.insert(task.id(), (id, name));
+    }
+
+    /// A part ended: its remote runs one part fewer, and its caches no
+    /// longer count for readiness.
+    fn ended(&mut self, task: tokio::task::Id) {
+        if let Some((id, name)) = self.which.remove(&task) {
+            self.required.remove(&id);
+            self.shared.part(&mut self.count, &name, false);
+        }
+    }
+
+    fn changed(&mut self, change: &Change) {
+        if let Some(current) = self
+            .required
+            .get_mut(&change.part)
+            .and_then(|caches| caches.get_mut(&change.cache.1))
+        {
+            *current = change.current;
+        }
+    }
+
+    /// A required cache that is not current, by remote and resource.
+    fn not_current(&self) -> Option<(String, String)> {
+        let (id, caches) = self
+            .required
+            .iter()
+            .find(|(_, caches)| caches.values().any(|current| !current))?;
+        let resource = caches.iter().find(|(_, current)| !**current)?.0;
+        let remote = self.which.values().find(|(part, _)| part == id)?.1.clone();
+        Some((remote, resource.clone()))
+    }
+
+    /// Whether every cache of every required part is current.
+    fn up(&self) -> bool {
+        self.required
+            .values()
+            .flat_map(BTreeMap::values)
+            .all(|c| *c)
+    }
+
+    /// Waits for every part to end, and clears what runs.
+    async fn end(mut self) {
+        while let Some(ended) = self.tasks.join_next_with_id().await {
+            let task = match &ended {
+                Ok((task, _)) => *task,
+                Err(join) => join.id(),
+            };
+            self.ended(task);
+        }
+        self.shared.running.send_replace(BTreeSet::new());
+    }
 }
 
 impl ManagerFactory for WatchManager {
     fn remotes(&self) -> UsedRemotes {
-        let plan = lock(&self.shared.plan);
+        let plan = &lock(&self.shared.plan).1;
         UsedRemotes::Only(
-            used(&plan)
+            used(plan)
                 .iter()
                 .map(|remote| {
-                    if remote.required {
+                    let used = if remote.required {
                         UsedRemote::ends_cycle(&remote.name)
                     } else {
                         UsedRemote::restarts_alone(&remote.name)
-                    }
+                    };
+                    used.at_version(remote.generation)
                 })
                 .collect(),
         )
     }
 
+    fn takes_remote_changes(&self) -> bool {
+        true
+    }
+
     async fn run(&self, cycle: CycleToken) -> Result<(), ManagerError> {
         let shared = &self.shared;
-        let plan = Arc::clone(&lock(&shared.plan));
+        let plan = Arc::clone(&lock(&shared.plan).1);
         shared.reset_caches(&plan);
 
-        // A remote without a scope was added after the supervisor asked which
-        // remotes this cycle uses; the reload that added it ends this cycle.
-        let parts: Vec<(&ResolvedRemote, RemoteScope)> = used(&plan)
-            .iter()
-            .filter_map(|remote| cycle.scope(&remote.name).map(|scope| (remote, scope)))
-            .collect();
-        let mut required: BTreeMap<(String, String), bool> = parts
-            .iter()
-            .filter(|(remote, _)| remote.required)
-            .flat_map(|(remote, _)| {
-                plan.watch
-                    .iter()
-                    .map(|spec| ((remote.name.clone(), spec.resource_label()), false))
-            })
-            .collect();
         let (changes_tx, mut changes) = mpsc::unbounded_channel();
-        let mut remotes = JoinSet::new();
-        for (remote, scope) in parts {
-            remotes.spawn(run_remote(
-                remote.clone(),
-                Arc::clone(&plan),
-                scope,
-                Arc::clone(shared),
-                changes_tx.clone(),
-            ));
+        let mut parts = Parts {
+            tasks: JoinSet::new(),
+            which: BTreeMap::new(),
+            count: BTreeMap::new(),
+            required: BTreeMap::new(),
+            next: 0,
+            watch: Arc::new(if used(&plan).is_empty() {
+                Vec::new()
+            } else {
+                plan.watch.clone()
+            }),
+            shared: Arc::clone(shared),
+            changes: changes_tx,
+        };
+        // A remote without a scope was added after the supervisor asked which
+        // remotes this cycle uses; its scope joins below.
+        for remote in used(&plan) {
+            if let Some(scope) = cycle.scope(&remote.name) {
+                parts.start(scope);
+            }
         }
-        drop(changes_tx);
 
-        let mut up = required.is_empty();
+        let mut up = parts.up();
         cycle.set_manager_up(up);
         let result = loop {
             tokio::select! {
                 biased;
                 () = cycle.cancelled() => break Ok(()),
-                Some(change) = changes.recv() => {
-                    if let Some(current) = required.get_mut(&change.cache) {
-                        *current = change.current;
-                    }
-                    let now = required.values().all(|current| *current);
-                    if now != up && cycle.set_manager_up(now) {
-                        up = now;
-                        if up {
-                            info!(cycle = cycle.number(), caches = required.len(), "manager up: every required cache synced");
-                        } else {
-                            let (remote, resource) = &change.cache;
-                            warn!(cycle = cycle.number(), %remote, %resource, "manager down: a required cache is no longer current");
-                        }
-                    }
-                }
-                Some(ended) = remotes.join_next() => match ended {
-                    // Its scope ended with the cycle; the next turn sees it.
-                    Ok(Ok(())) => {}
-                    Ok(Err(err)) => break Err(ManagerError::failed(err)),
+                Some(scope) = cycle.joined() => parts.start(scope),
+                Some(change) = changes.recv() => parts.changed(&change),
+                Some(ended) = parts.tasks.join_next_with_id() => match ended {
+                    Ok((task, Ok(()))) => parts.ended(task),
+                    Ok((_, Err(err))) => break Err(ManagerError::failed(err)),
                     Err(join) => break Err(ManagerError::failed(join)),
                 },
             }
+            let now = parts.up();
+            if now != up && cycle.set_manager_up(now) {
+                up = now;
+                if up {
+                    info!(
+                        cycle = cycle.number(),
+                        "manager up: every required cache synced"
+                    );
+                } else {
+                    let (remote, resource) = parts.not_current().unwrap_or_default();
+                    warn!(cycle = cycle.number(), %remote, %resource, "manager down: a required cache is not current");
+                }
+            }
         };
         if result.is_err() {
-            remotes.shutdown().await;
+            parts.tasks.abort_all();
         }
         // No task outlives its cycle: every part ends with its scope's runs.
-        while remotes.join_next().await.is_some() {}
+        parts.end().await;
         result
     }
 }
