@@ -10,6 +10,8 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{DEADLINE, Shape, Tether};
@@ -204,6 +206,96 @@ async fn probed_by_owners_alone(owners: &BTreeMap<String, String>, remotes: &[Re
     .await;
 }
 
+/// A witness of the watches: every 10 ms, which replicas have a watch open
+/// on each remote, as the remote counts them. A sample with two is a remote
+/// run twice at once.
+struct Watches {
+    on: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<(usize, BTreeSet<String>, Vec<Twice>)>,
+}
+
+/// A remote, and the replicas that had a watch open on it at one sample.
+type Twice = (String, BTreeMap<String, usize>);
+
+impl Watches {
+    fn start(remotes: &Arc<Vec<Remote>>) -> Self {
+        let on = Arc::new(AtomicBool::new(true));
+        let (sampling, remotes) = (Arc::clone(&on), Arc::clone(remotes));
+        let task = tokio::spawn(async move {
+            let (mut samples, mut watched, mut twice) = (0, BTreeSet::new(), Vec::new());
+            while sampling.load(Ordering::SeqCst) {
+                for remote in remotes.iter() {
+                    let by = remote.server.open_watches_by();
+                    if !by.is_empty() {
+                        watched.insert(remote.name.clone());
+                    }
+                    if by.len() > 1 {
+                        twice.push((remote.name.clone(), by));
+                    }
+                }
+                samples += 1;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            (samples, watched, twice)
+        });
+        Self { on, task }
+    }
+
+    /// Stops sampling; asserts that no remote was watched by two replicas
+    /// at once, and that the samples saw watches move.
+    async fn none_twice(self) {
+        self.on.store(false, Ordering::SeqCst);
+        let (samples, watched, twice) = self.task.await.expect("the witness");
+        eprintln!("the watch witness took {samples} samples");
+        assert!(samples > 100, "too few samples: {samples}");
+        assert_eq!(
+            watched.len(),
+            REMOTES,
+            "the witness saw watches, by replica, on only {watched:?}"
+        );
+        assert!(
+            twice.is_empty(),
+            "{} samples saw a remote watched by two replicas, the first: {:?}",
+            twice.len(),
+            twice.first()
+        );
+    }
+}
+
+/// Which cycle a replica runs, and how many ended for a share change.
+async fn cycles(replica: &Replica) -> (Option<f64>, Option<f64>) {
+    (
+        replica.tether.metric("tether_cycle").await,
+        replica
+            .tether
+            .metric("tether_cycles_total{cause=\"shard_changed\"}")
+            .await,
+    )
+}
+
+/// Asserts that `replicas` run the cycles they ran at `running`: their
+/// shares moved remote by remote, `what` ending none; and at least one remote was `change`d for a share between them.
+async fn ran_on(
+    replicas: [&Replica; 2],
+    running: &[(Option<f64>, Option<f64>); 2],
+    change: &str,
+    what: &str,
+) {
+    let mut changed = 0.0;
+    for (replica, was) in replicas.iter().zip(running) {
+        assert_eq!(
+            &cycles(replica).await,
+            was,
+            "{what} ended a cycle of {}",
+            replica.id
+        );
+        let series =
+            format!("tether_remote_changes_total{{cause=\"shard_changed\",change=\"{change}\"}}");
+        changed += replica.tether.metric(&series).await.unwrap_or_default();
+    }
+    assert!(changed >= 1.0, "{what}: no remote {change} for a share");
+}
+
 /// Asserts that each remote's reachability gauge is on its owner alone.
 async fn only_owners_export(
     replicas: &[&Replica],
@@ -273,7 +365,8 @@ async fn on_real_leases_replicas_share_the_remotes_and_a_loss_or_a_join_moves_on
 /// With `events` (a kubeconfig of the Leases' cluster), the replicas run
 /// "in Pods" and each change of a share is an Event on its Pod there.
 async fn share_the_remotes(leases: &impl Cluster, events: Option<&Path>) {
-    let remotes = remotes().await;
+    let remotes = Arc::new(remotes().await);
+    let watches = Watches::start(&remotes);
     let in_pod = events.is_some();
     let a = replica("tether-a", leases, &remotes, in_pod);
     let b = replica("tether-b", leases, &remotes, in_pod);
@@ -290,7 +383,9 @@ async fn share_the_remotes(leases: &impl Cluster, events: Option<&Path>) {
     only_owners_export(&[&a, &b, &c], &owners, &remotes).await;
 
     // A replica dies: its remotes move to the others within leaseDuration
-    // and a round or two; no other remote moves.
+    // and a round or two; no other remote moves, and the others take them
+    // in their running cycles.
+    let running = [cycles(&a).await, cycles(&b).await];
     c.tether.signal("KILL");
     let _ = c.tether.wait().await;
     let killed = Instant::now();
@@ -322,8 +417,16 @@ async fn share_the_remotes(leases: &impl Cluster, events: Option<&Path>) {
         killed.elapsed()
     );
     probed_by_owners_alone(&after, &remotes).await;
+    ran_on(
+        [&a, &b],
+        &running,
+        "added",
+        "taking a lost member's remotes",
+    )
+    .await;
 
-    // A replica joins: about a third moves to it, and only to it.
+    // A replica joins: about a third moves to it, and only to it; the
+    // others give theirs up in their running cycles.
     let d = replica("tether-d", leases, &remotes, in_pod);
     let (joined, took) = until_settled(&[&a, &b, &d], &remotes).await;
     let moved: Vec<&String> = after
@@ -342,6 +445,13 @@ async fn share_the_remotes(leases: &impl Cluster, events: Option<&Path>) {
         );
     }
     assert!(!moved.is_empty(), "nothing moved to the new member");
+    ran_on(
+        [&a, &b],
+        &running,
+        "removed",
+        "giving remotes up to a new member",
+    )
+    .await;
     if let Some(home) = events {
         // The newcomer held nothing: each change of its share only took.
         let changes = common::until_events(home, "tether-d", &["ShardChanged"]).await;
@@ -379,4 +489,5 @@ async fn share_the_remotes(leases: &impl Cluster, events: Option<&Path>) {
         "a member stopped: the others took its remotes in {:?}",
         stopped.elapsed()
     );
+    watches.none_twice().await;
 }

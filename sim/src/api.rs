@@ -373,7 +373,12 @@ async fn resource_request(
             .ok_or_else(|| ApiError::not_found(resource, &name)),
         (&Method::GET, None) if flag(params, "watch") => {
             let filter = Filter::from_params(namespace, params)?;
-            watch(shared, conn, format, resource, filter, params)
+            let acting_as = req
+                .headers()
+                .get("impersonate-user")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            watch(shared, conn, format, resource, filter, params, acting_as)
         }
         (&Method::GET, None) => {
             let filter = Filter::from_params(namespace, params)?;
@@ -490,12 +495,34 @@ fn decode_continue(token: &str) -> Result<Continue, ApiError> {
     Ok((rv, (namespace, name)))
 }
 
-/// Counts a watch as open for as long as it lives.
-struct OpenWatch(Arc<Shared>);
+/// Counts a watch as open for as long as it lives, in all and by the user
+/// its client acts as, if any.
+struct OpenWatch(Arc<Shared>, Option<String>);
+
+impl OpenWatch {
+    fn open(shared: &Arc<Shared>, acting_as: Option<String>) -> Self {
+        shared.open_watches.fetch_add(1, Ordering::SeqCst);
+        if let Some(user) = &acting_as {
+            *crate::server::lock(&shared.watches_as)
+                .entry(user.clone())
+                .or_default() += 1;
+        }
+        Self(Arc::clone(shared), acting_as)
+    }
+}
 
 impl Drop for OpenWatch {
     fn drop(&mut self) {
         self.0.open_watches.fetch_sub(1, Ordering::SeqCst);
+        if let Some(user) = &self.1 {
+            let mut by = crate::server::lock(&self.0.watches_as);
+            if let Some(open) = by.get_mut(user) {
+                *open -= 1;
+                if *open == 0 {
+                    by.remove(user);
+                }
+            }
+        }
     }
 }
 
@@ -518,6 +545,7 @@ fn watch(
     resource: Resource,
     filter: Filter,
     params: &HashMap<String, String>,
+    acting_as: Option<String>,
 ) -> Result<Response<Body>, ApiError> {
     let send_initial = flag(params, "sendInitialEvents");
     let bookmarks = flag(params, "allowWatchBookmarks");
@@ -543,7 +571,7 @@ fn watch(
                 .expect("a fresh channel has room for one event");
         }
         Ok(start) => {
-            shared.open_watches.fetch_add(1, Ordering::SeqCst);
+            let open = OpenWatch::open(shared, acting_as);
             if format == Format::Protobuf {
                 shared.protobuf_watches.fetch_add(1, Ordering::SeqCst);
             }
@@ -558,7 +586,7 @@ fn watch(
                 timeout,
                 conn,
                 cut: shared.watch_cut(),
-                _open: OpenWatch(Arc::clone(shared)),
+                _open: open,
             };
             tokio::spawn(stream.run(start));
         }

@@ -218,6 +218,8 @@ pub(crate) struct Shared {
     /// Requests by path and by the user a client acts as: how many, and
     /// when the first and the last came.
     requests_as: Mutex<BTreeMap<(String, String), Requests>>,
+    /// Watches open now, by the user their client acts as.
+    pub(crate) watches_as: Mutex<BTreeMap<String, usize>>,
     open_connections: AtomicUsize,
     connections_accepted: AtomicU64,
     pub(crate) open_watches: AtomicUsize,
@@ -225,7 +227,7 @@ pub(crate) struct Shared {
     pub(crate) protobuf_watches: AtomicU64,
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // Critical sections only assign fields; a poisoned lock is consistent.
     mutex
         .lock()
@@ -386,6 +388,7 @@ impl ApiServer {
             }),
             requests: Mutex::default(),
             requests_as: Mutex::default(),
+            watches_as: Mutex::default(),
             open_connections: AtomicUsize::new(0),
             connections_accepted: AtomicU64::new(0),
             open_watches: AtomicUsize::new(0),
@@ -690,6 +693,13 @@ impl ApiServer {
             .filter(|((p, _), _)| p == path)
             .map(|((_, user), r)| (user.clone(), *r))
             .collect()
+    }
+
+    /// The watches open now from each client that acts as a user, by
+    /// that user.
+    #[must_use]
+    pub fn open_watches_by(&self) -> BTreeMap<String, usize> {
+        lock(&self.shared.watches_as).clone()
     }
 
     /// How many requests `path` has received.
