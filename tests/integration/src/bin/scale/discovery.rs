@@ -87,17 +87,37 @@ fn home_with_secrets(
     Ok((home, secrets, created.elapsed()))
 }
 
+/// What the built-in manager lists with `--watch default`.
+const NAMESPACES: &str = "/api/v1/namespaces";
+
+/// One series of tether's `/metrics` at `admin`.
+fn metric(admin: &str, series: &str) -> Result<f64> {
+    let (_, body, _) = http_get(admin, "/metrics")?;
+    body.lines()
+        .find_map(|l| {
+            l.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .ok_or_else(|| format!("no {series} in /metrics"))
+}
+
 /// Creates the Secrets of `wanted` one at a time (each for an apiserver of
 /// its own); for each, the milliseconds from its creation to its remote's
-/// first probe, as tether logs it.
+/// first probe, as tether logs it, and, when its manager watches (tether's
+/// admin server at `watching`), to its cache synced.
 fn first_probes(
     tether: &mut Process,
     runtime: &tokio::runtime::Runtime,
     secrets: &Api<Secret>,
     remotes: &Remotes,
     wanted: Vec<(usize, usize)>,
-) -> Result<Vec<f64>> {
+    watching: Option<&str>,
+) -> Result<(Vec<f64>, Option<Vec<f64>>)> {
     let mut took = Vec::with_capacity(wanted.len());
+    let mut synced = watching.map(|_| Vec::with_capacity(wanted.len()));
     for (i, server) in wanted {
         let secret = secret_for(remotes, (i, server))?;
         let at = now();
@@ -109,8 +129,19 @@ fn first_probes(
             when >= at && names(f, &remote)
         })?;
         took.push((probed - at) * 1000.0);
+        if let (Some(admin), Some(synced)) = (watching, synced.as_mut()) {
+            let series =
+                format!("tether_watch_synced{{remote=\"{remote}\",resource=\"namespaces\"}}");
+            poll(
+                "the new remote's cache synced",
+                Duration::from_secs(30),
+                Duration::from_millis(5),
+                || Ok((metric(admin, &series).ok() == Some(1.0)).then_some(())),
+            )?;
+            synced.push((now() - at) * 1000.0);
+        }
     }
-    Ok(took)
+    Ok((took, synced))
 }
 
 pub(crate) fn discovery(args: &Args, count: usize) -> Result<Value> {
@@ -134,7 +165,7 @@ pub(crate) fn discovery(args: &Args, count: usize) -> Result<Value> {
         "starting {} simulated remotes (HTTPS, token each) and a real home cluster",
         servers + TRIALS
     );
-    let remotes = Remotes::start(servers + TRIALS)?;
+    let mut remotes = Remotes::start(servers + TRIALS)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -147,9 +178,19 @@ pub(crate) fn discovery(args: &Args, count: usize) -> Result<Value> {
     eprintln!("{count} Secrets created in {creating:.1?}");
 
     let admin = format!("127.0.0.1:{}", tether_testkit::free_port());
+    let watches = match args.watch.as_str() {
+        "default" => true,
+        "none" => false,
+        other => return Err(format!("--watch {other}: say default or none")),
+    };
     let head = format!(
-        "admin: {{ address: \"{admin}\" }}\nprobe: {{ interval: {interval}s, timeout: {}s }}\nwatch: []\ndiscovery:\n  - secrets: {{ namespace: fleet, format: kubeconfig, kubeconfig: {} }}\n",
+        "admin: {{ address: \"{admin}\" }}\nprobe: {{ interval: {interval}s, timeout: {}s }}\nwatch: {}\ndiscovery:\n  - secrets: {{ namespace: fleet, format: kubeconfig, kubeconfig: {} }}\n",
         interval / 2.0,
+        if watches {
+            "[{ apiVersion: v1, kind: Namespace }]"
+        } else {
+            "[]"
+        },
         home_kubeconfig.display()
     );
     let config = tether_config_as(&remotes, statics, "tether.yaml", &head)?;
@@ -168,7 +209,26 @@ pub(crate) fn discovery(args: &Args, count: usize) -> Result<Value> {
     let trials = (0..TRIALS)
         .map(|t| (statics + count + t, servers + t))
         .collect();
-    let took = first_probes(&mut tether, &runtime, &secrets, &remotes, trials)?;
+    let lists_before = remotes.lists(NAMESPACES)?;
+    let cycle_before = metric(&admin, "tether_cycle")?;
+    let (took, synced) = first_probes(
+        &mut tether,
+        &runtime,
+        &secrets,
+        &remotes,
+        trials,
+        watches.then_some(admin.as_str()),
+    )?;
+    let lists_after = remotes.lists(NAMESPACES)?;
+    // The LISTs the fleet's other remotes served while the Secrets came.
+    let relists: u64 = lists_before
+        .iter()
+        .zip(&lists_after)
+        .take(servers)
+        .map(|(before, after)| after - before)
+        .sum();
+    let cycles = metric(&admin, "tether_cycle")? - cycle_before;
+    let (peak_after, rss_after) = (tether.kib("VmHWM"), tether.kib("VmRSS"));
     let max = took.iter().copied().fold(0.0, f64::max);
     let med = median(&mut took.clone());
     let (scrape_median, _, size) = timed_gets(&admin, "/metrics")?;
@@ -184,7 +244,16 @@ pub(crate) fn discovery(args: &Args, count: usize) -> Result<Value> {
         "start_to_discovered_set_seconds": listed_at - started_at,
         "start_to_all_reachable_seconds": warmup.as_secs_f64(),
         "tether": {"peak_rss_kib": peak, "rss_kib": rss},
+        "tether_after_trials": {"peak_rss_kib": peak_after, "rss_kib": rss_after},
         "secret_to_first_probe_ms": {"samples": took, "median": med, "max": max},
+        "watch": args.watch,
+        "secret_to_cache_synced_ms": synced.as_ref().map(|s| json!({
+            "samples": s,
+            "median": median(&mut s.clone()),
+            "max": s.iter().copied().fold(0.0, f64::max),
+        })),
+        "lists_on_the_other_remotes_during_trials": relists,
+        "cycles_during_trials": cycles,
         "metrics_scrape_ms_median": scrape_median,
         "metrics_bytes": size,
     });

@@ -82,6 +82,27 @@ impl Remotes {
         self.dir.path().join(file)
     }
 
+    /// The LISTs of `path` each remote has served, in order.
+    pub(crate) fn lists(&mut self, path: &str) -> Result<Vec<u64>> {
+        let mut counts = Vec::with_capacity(self.len());
+        for server in &mut self.servers {
+            writeln!(server.stdin, "lists {path}").map_err(|e| e.to_string())?;
+            let mut line = String::new();
+            server
+                .stdout
+                .read_line(&mut line)
+                .map_err(|e| e.to_string())?;
+            let counted = line
+                .trim()
+                .strip_prefix("lists")
+                .ok_or_else(|| format!("asked for lists, the server said {line:?}"))?;
+            for count in counted.split_whitespace() {
+                counts.push(count.parse().map_err(|_| format!("a count: {count:?}"))?);
+            }
+        }
+        Ok(counts)
+    }
+
     pub(crate) fn set_fault(&mut self, i: usize, fault: &Fault) -> Result<()> {
         let server = &mut self.servers[i / PER_PROCESS];
         writeln!(server.stdin, "{i} {fault}").map_err(|e| e.to_string())?;
@@ -163,7 +184,8 @@ impl Served {
 
 /// The server process: starts `count` remotes served by `apiservers`,
 /// writes their files, prints `url <url>` for each and `ready`,
-/// then applies `<index> <fault>` lines from stdin until it closes.
+/// then applies `<index> <fault>` lines from stdin until it closes, and
+/// answers `lists <path>` with the requests of `path` each remote served.
 pub(crate) fn serve(dir: &Path, from: usize, count: usize, apiservers: Apiservers) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -192,6 +214,19 @@ pub(crate) fn serve(dir: &Path, from: usize, count: usize, apiservers: Apiserver
     writeln!(out, "ready").map_err(|e| e.to_string())?;
     out.flush().map_err(|e| e.to_string())?;
     for line in std::io::stdin().lines().map_while(Result::ok) {
+        if let Some(path) = line.strip_prefix("lists ") {
+            let counts: Vec<String> = servers
+                .iter()
+                .map(|server| match server {
+                    Served::Simulated(s) => s.requests(path).to_string(),
+                    // A real apiserver does not count for us.
+                    Served::Real(_) => "0".to_owned(),
+                })
+                .collect();
+            writeln!(out, "lists {}", counts.join(" ")).map_err(|e| e.to_string())?;
+            out.flush().map_err(|e| e.to_string())?;
+            continue;
+        }
         let (index, fault) = line.split_once(' ').ok_or("a line: <index> <fault>")?;
         let index: usize = index.parse().map_err(|_| format!("bad index {index:?}"))?;
         let fault: Fault = fault.parse()?;
