@@ -361,6 +361,34 @@ async fn on_real_leases_replicas_share_the_remotes_and_a_loss_or_a_join_moves_on
     }
 }
 
+/// The remotes whose owner differs from `before` to `now`.
+fn moved_between<'a>(
+    before: &'a BTreeMap<String, String>,
+    now: &BTreeMap<String, String>,
+) -> Vec<&'a String> {
+    before
+        .iter()
+        .filter(|(name, owner)| now[*name] != **owner)
+        .map(|(name, _)| name)
+        .collect()
+}
+
+/// Never two at once: the old owner's last probe of each `moved` remote
+/// came before the new member's first (`owners` as they were before).
+fn probes_handed_over(remotes: &[Remote], moved: &[&String], owners: &BTreeMap<String, String>) {
+    for remote in remotes.iter().filter(|r| moved.contains(&&r.name)) {
+        let by = remote.server.requests_by("/readyz");
+        let (old, new) = (&by[&owners[&remote.name]], &by["tether-d"]);
+        assert!(
+            old.last < new.first,
+            "{} was probed by {} until {:?} after tether-d began",
+            remote.name,
+            owners[&remote.name],
+            old.last - new.first
+        );
+    }
+}
+
 /// Three replicas share the remotes, one is killed, one joins, one stops.
 /// With `events` (a kubeconfig of the Leases' cluster), the replicas run
 /// "in Pods" and each change of a share is an Event on its Pod there.
@@ -390,11 +418,7 @@ async fn share_the_remotes(leases: &impl Cluster, events: Option<&Path>) {
     let _ = c.tether.wait().await;
     let killed = Instant::now();
     let (after, took) = until_settled(&[&a, &b], &remotes).await;
-    let moved: Vec<&String> = owners
-        .iter()
-        .filter(|(name, owner)| after[*name] != **owner)
-        .map(|(name, _)| name)
-        .collect();
+    let moved = moved_between(&owners, &after);
     eprintln!(
         "a member lost: {} of {REMOTES} remotes moved in {:?} (settled {took:?} after the first poll)",
         moved.len(),
@@ -429,11 +453,7 @@ async fn share_the_remotes(leases: &impl Cluster, events: Option<&Path>) {
     // others give theirs up in their running cycles.
     let d = replica("tether-d", leases, &remotes, in_pod);
     let (joined, took) = until_settled(&[&a, &b, &d], &remotes).await;
-    let moved: Vec<&String> = after
-        .iter()
-        .filter(|(name, owner)| joined[*name] != **owner)
-        .map(|(name, _)| name)
-        .collect();
+    let moved = moved_between(&after, &joined);
     eprintln!(
         "a member joined: {} of {REMOTES} remotes moved to it in {took:?}",
         moved.len()
@@ -464,19 +484,7 @@ async fn share_the_remotes(leases: &impl Cluster, events: Option<&Path>) {
         }
     }
     probed_by_owners_alone(&joined, &remotes).await;
-    // Never two at once: the old owner's last probe of a moved remote came
-    // before the new member's first.
-    for remote in remotes.iter().filter(|r| moved.contains(&&r.name)) {
-        let by = remote.server.requests_by("/readyz");
-        let (old, new) = (&by[&after[&remote.name]], &by["tether-d"]);
-        assert!(
-            old.last < new.first,
-            "{} was probed by {} until {:?} after tether-d began",
-            remote.name,
-            after[&remote.name],
-            old.last - new.first
-        );
-    }
+    probes_handed_over(&remotes, &moved, &after);
 
     // A clean stop releases the Lease: the others take its remotes at once,
     // without waiting out leaseDuration.

@@ -113,14 +113,15 @@ pub trait ManagerFactory: Send + Sync {
         false
     }
 
-    /// Whether the manager takes a change of the remotes it uses in its
-    /// running cycle: it runs each remote's part under its scope, and
-    /// starts a part for each scope [`CycleToken::joined`] hands it. The
-    /// supervisor then asks [`remotes`](Self::remotes) again at each change
+    /// Whether the manager takes a change of the remotes it uses, for
+    /// `cause`, in its running cycle: it runs each remote's part under its
+    /// scope, and starts a part for each scope [`CycleToken::joined`]
+    /// hands it. The supervisor then asks [`remotes`](Self::remotes) again
     /// and makes the scopes follow, instead of ending the cycle. Its
     /// remotes must be [`UsedRemotes::Only`]. The default, `false`, ends
     /// the cycle at each change.
-    fn takes_remote_changes(&self) -> bool {
+    fn takes_remote_changes(&self, cause: &crate::Cause) -> bool {
+        let _ = cause;
         false
     }
 

@@ -614,7 +614,7 @@ impl<F: ManagerFactory> Looper<F> {
             debug!(%cause, "the remotes changed while the cycle ends; dropped");
             return;
         }
-        if !self.factory.takes_remote_changes() {
+        if !self.factory.takes_remote_changes(&cause) {
             return end(cycle, cause);
         }
         let used = self.factory.remotes();

@@ -55,7 +55,7 @@ impl ManagerFactory for Scoped {
         self.waits
     }
 
-    fn takes_remote_changes(&self) -> bool {
+    fn takes_remote_changes(&self, _: &Cause) -> bool {
         self.takes
     }
 

@@ -21,6 +21,12 @@ pub const DRAIN_WINDOW: Duration = Duration::from_secs(5);
 /// otherwise.
 pub const REQUIRED: bool = true;
 
+/// `discovery[].secrets.required`: a discovered remote's loss costs that
+/// remote alone unless its source says otherwise. A fleet always has a few
+/// clusters down; a configured remote is one someone chose to depend on,
+/// a discovered one is one of many (docs/discovery.md).
+pub const DISCOVERED_REQUIRED: bool = false;
+
 /// `leaderElection.leaseName`.
 pub const LEASE_NAME: &str = "tether";
 
@@ -41,6 +47,12 @@ pub const READINESS_PATH: &str = "/";
 
 /// `manager.exec.readiness.period` and `.timeout`.
 pub const READINESS_PERIOD: Duration = Duration::from_secs(1);
+
+/// How long an optional remote that a process not following its remotes
+/// file was restarted without must stay reachable before it is restarted
+/// with it again: a remote that flaps costs at most two restarts per this
+/// long, 24 an hour.
+pub const PUT_BACK_AFTER: Duration = Duration::from_secs(300);
 
 /// `manager.exec.readiness.failureThreshold`.
 pub const READINESS_FAILURE_THRESHOLD: u32 = 3;

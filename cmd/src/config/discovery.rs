@@ -217,7 +217,7 @@ impl Checker<'_> {
             namespace,
             format,
             label_selector,
-            required: secrets.required.unwrap_or(defaults::REQUIRED),
+            required: secrets.required.unwrap_or(defaults::DISCOVERED_REQUIRED),
             kubeconfig,
         })
     }

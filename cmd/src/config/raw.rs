@@ -68,6 +68,8 @@ pub(super) struct RawExec {
     pub(super) readiness: Option<RawReadiness>,
     pub(super) stop_signal: Option<String>,
     pub(super) grace_period: Option<String>,
+    pub(super) follows_remotes_file: Option<bool>,
+    pub(super) put_back_after: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

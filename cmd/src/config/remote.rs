@@ -34,7 +34,7 @@ pub struct ResolvedRemote {
     /// Which reading of its settings the manager's clients would hold:
     /// new ([`next_generation`]) each time they are read anew, kept when
     /// only a token file rotated, since clients re-read that themselves. A
-    /// running cycle ends when a remote it runs gets a new generation.
+    /// remote the manager runs is rebuilt when it gets a new generation.
     pub generation: u64,
 }
 

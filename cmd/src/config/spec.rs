@@ -221,6 +221,14 @@ pub struct ExecSpec {
     pub stop_signal: StopSignal,
     /// How long after the stop signal the group gets SIGKILL.
     pub grace_period: Duration,
+    /// Whether the process follows `TETHER_REMOTES_FILE` as tether
+    /// rewrites it: then it is never restarted for a change of its
+    /// remotes, nor for an optional remote's loss.
+    pub follows_remotes_file: bool,
+    /// Without `follows_remotes_file`: how long an optional remote left
+    /// out for its loss must stay reachable before the process is
+    /// restarted with it.
+    pub put_back_after: Duration,
 }
 
 impl ExecSpec {
@@ -238,6 +246,8 @@ impl ExecSpec {
             readiness: None,
             stop_signal: StopSignal::Term,
             grace_period: defaults::grace_period(supervisor, election),
+            follows_remotes_file: false,
+            put_back_after: defaults::PUT_BACK_AFTER,
         }
     }
 }

@@ -38,8 +38,6 @@ use crate::desired::Desired;
 pub struct Manager {
     kind: Kind,
     desired: channel::Receiver<Arc<Desired>>,
-    /// The remotes the running cycle's plan has; none between cycles.
-    running: channel::Sender<BTreeSet<String>>,
 }
 
 /// Which manager it is.
@@ -78,35 +76,37 @@ impl ManagerFactory for Manager {
         }
     }
 
-    fn takes_remote_changes(&self) -> bool {
+    fn takes_remote_changes(&self, cause: &tether_supervisor::Cause) -> bool {
         match &self.kind {
-            Kind::Watch(manager) => manager.takes_remote_changes(),
-            Kind::Exec(manager) => manager.takes_remote_changes(),
+            Kind::Watch(manager) => manager.takes_remote_changes(cause),
+            Kind::Exec(manager) => manager.takes_remote_changes(cause),
         }
     }
 
     async fn run(&self, cycle: CycleToken) -> Result<(), ManagerError> {
         match &self.kind {
-            // It says itself what runs, remote by remote.
             Kind::Watch(manager) => manager.run(cycle).await,
-            Kind::Exec(manager) => {
-                let plan = manager.handle().plan();
-                // Cleared however the run ends, a panic included.
-                let _running =
-                    Running::set(&self.running, crate::config::remote::names(&plan.remotes));
-                manager.run(cycle).await
-            }
+            Kind::Exec(manager) => manager.run(cycle).await,
         }
     }
 }
 
-/// The running cycle's remotes, for as long as it runs.
-struct Running<'a>(&'a channel::Sender<BTreeSet<String>>);
+/// What a manager's running cycle runs, by remote, as the manager says it
+/// changes: the sharding lets a remote go to another replica only once it
+/// has left this. Cleared when the cycle's run ends, however it ends, a
+/// panic included.
+pub(crate) struct Running<'a>(&'a channel::Sender<BTreeSet<String>>);
 
 impl<'a> Running<'a> {
-    fn set(running: &'a channel::Sender<BTreeSet<String>>, names: BTreeSet<String>) -> Self {
-        running.send_replace(names);
+    /// Follows `running` for one run; none runs yet.
+    pub(crate) fn new(running: &'a channel::Sender<BTreeSet<String>>) -> Self {
+        running.send_replace(BTreeSet::new());
         Self(running)
+    }
+
+    /// `names` run now.
+    pub(crate) fn set(&self, names: BTreeSet<String>) {
+        self.0.send_replace(names);
     }
 }
 
@@ -122,7 +122,6 @@ impl Drop for Running<'_> {
 pub struct Handle {
     kind: HandleKind,
     desired: channel::Receiver<Arc<Desired>>,
-    running: channel::Receiver<BTreeSet<String>>,
 }
 
 #[derive(Debug, Clone)]
@@ -180,20 +179,11 @@ pub fn build(
             (Kind::Exec(exec), handle)
         }
     };
-    let (running, runs) = channel::channel(BTreeSet::new());
     let handle = Handle {
         kind: handle,
         desired: desired.clone(),
-        running: runs,
     };
-    Ok((
-        Manager {
-            kind,
-            desired,
-            running,
-        },
-        handle,
-    ))
+    Ok((Manager { kind, desired }, handle))
 }
 
 impl Handle {
@@ -214,12 +204,13 @@ impl Handle {
     }
 
     /// The remotes the running cycle runs, as it changes; none between
-    /// cycles. The watch manager's leave it only once their part ended.
+    /// cycles. A remote leaves it once its part has stopped: its watches,
+    /// or the process told it is gone.
     #[must_use]
     pub fn running(&self) -> channel::Receiver<BTreeSet<String>> {
         match &self.kind {
             HandleKind::Watch(handle) => handle.running(),
-            HandleKind::Exec(_) => self.running.clone(),
+            HandleKind::Exec(handle) => handle.running(),
         }
     }
 

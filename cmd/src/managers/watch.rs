@@ -747,7 +747,7 @@ impl Parts {
             .all(|c| *c)
     }
 
-    /// Waits for every part to end, and clears what runs.
+    /// Waits for every part to end.
     async fn end(mut self) {
         while let Some(ended) = self.tasks.join_next_with_id().await {
             let task = match &ended {
@@ -756,7 +756,6 @@ impl Parts {
             };
             self.ended(task);
         }
-        self.shared.running.send_replace(BTreeSet::new());
     }
 }
 
@@ -778,12 +777,14 @@ impl ManagerFactory for WatchManager {
         )
     }
 
-    fn takes_remote_changes(&self) -> bool {
+    fn takes_remote_changes(&self, _: &tether_supervisor::Cause) -> bool {
         true
     }
 
     async fn run(&self, cycle: CycleToken) -> Result<(), ManagerError> {
         let shared = &self.shared;
+        // Cleared however the run ends; each part counts itself in and out.
+        let _running = super::Running::new(&shared.running);
         let plan = Arc::clone(&lock(&shared.plan).1);
         shared.reset_caches(&plan);
 

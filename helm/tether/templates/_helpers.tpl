@@ -54,6 +54,8 @@ replicaCount > 1; always with sharding, which uses them. */}}
 {{- $_ := unset $config "watch" -}}
 {{- $spec := dict "stopSignal" $exec.stopSignal -}}
 {{- if $exec.gracePeriod }}{{ $_ := set $spec "gracePeriod" $exec.gracePeriod }}{{ end -}}
+{{- if $exec.followsRemotesFile }}{{ $_ := set $spec "followsRemotesFile" true }}{{ end -}}
+{{- if $exec.putBackAfter }}{{ $_ := set $spec "putBackAfter" $exec.putBackAfter }}{{ end -}}
 {{- if not $exec.image.repository }}{{ $_ := set $spec "command" $exec.command }}{{ end -}}
 {{- if $exec.env }}{{ $_ := set $spec "env" $exec.env }}{{ end -}}
 {{- if $exec.readiness }}{{ $_ := set $spec "readiness" $exec.readiness }}{{ end -}}

@@ -145,6 +145,17 @@ impl Checker<'_> {
                 ),
             ));
         }
+        let put_back_after = self.duration(
+            "manager.exec.putBackAfter",
+            raw.put_back_after.as_ref(),
+            defaults::PUT_BACK_AFTER,
+        )?;
+        if put_back_after.is_zero() {
+            return Err(self.error(
+                "manager.exec.putBackAfter",
+                "must be above 0: a remote that flaps would restart the process at each flap",
+            ));
+        }
         Ok(ExecSpec {
             command,
             env,
@@ -152,6 +163,8 @@ impl Checker<'_> {
             readiness,
             stop_signal,
             grace_period,
+            follows_remotes_file: raw.follows_remotes_file.unwrap_or(false),
+            put_back_after,
         })
     }
 

@@ -9,17 +9,27 @@
 //! exit 0 as `manager_exited`, anything else as `manager_failed`; a spawn
 //! error is `build_failed`. The supervisor's backoff spaces the restarts.
 //!
-//! A process cannot be restarted in part, so the manager uses every remote
-//! of its plan, and the loss of any of them ends the cycle. The manager
-//! counts as up while its readiness check passes (or once it has started,
-//! without one) and every required remote is reachable.
+//! The manager uses every remote of its plan. The loss of a required one
+//! ends the cycle, and no process starts while one is lost. An optional
+//! one costs less, in one of two ways (`docs/exec.md`):
+//!
+//! - a process that follows its remotes file (`followsRemotesFile`) is
+//!   never restarted for it: the file marks it unreachable, then reachable
+//!   again; a remote added, removed or read anew is written into the file
+//!   in the running cycle too;
+//! - any other process is restarted without it, and restarted with it once
+//!   it has stayed reachable for `putBackAfter`, in the same cycle.
+//!
+//! The manager counts as up while its readiness check passes (or once it
+//! has started, without one) and every required remote is reachable.
 //!
 //! The process is told its remotes: `TETHER_REMOTES` (their names, in
 //! config order, comma-separated, while they fit in 32 KiB) and
-//! `TETHER_REMOTES_FILE` (a JSON file with each one's kubeconfig, in a
-//! private folder that a later start removes if this run is killed). With sharding, that is this replica's share,
-//! and a change of share ends the cycle, so the next process gets the new
-//! one.
+//! `TETHER_REMOTES_FILE` (a versioned JSON file with each one's
+//! kubeconfig, generation and reachability, replaced whole at each change,
+//! in a private folder that a later start removes if this run is killed).
+//! With sharding, that is this replica's share, and a change of share ends
+//! the cycle, so the next process gets the new one.
 //!
 //! The process dies with tether: it starts as `tether __exec-child`, which
 //! asks the kernel for SIGKILL when its parent dies (`PR_SET_PDEATHSIG`)
@@ -36,36 +46,48 @@
 //!   the file, the discovered clusters' kubeconfigs) and the private
 //!   folder they live in;
 //! - `group.rs`: the process group, and its stop: signal, grace, SIGKILL;
+//! - `left_out.rs`: the optional remotes a process that does not follow
+//!   its file is restarted without, and when each is put back;
 //! - `readiness.rs`: the readiness check, and the rule that makes the
 //!   checks "ready".
 
 mod group;
+mod left_out;
 mod program;
 mod readiness;
 mod remotes;
 
+use std::collections::BTreeSet;
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
-use prometheus::{IntCounter, IntGauge, Registry};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 use rustix::process::Signal;
 use tether_probes::{ProbeSetHandle, Reachability};
-use tether_supervisor::{CycleToken, ManagerError, ManagerFactory, UsedRemotes};
-use tokio::process::Command;
+use tether_supervisor::{
+    Cause, CauseKind, CycleToken, ManagerError, ManagerFactory, UsedRemote, UsedRemotes,
+};
+use tokio::process::{Child, Command};
+use tokio::sync::watch as channel;
+use tokio::time::Instant;
 use tracing::{info, warn};
 
+use crate::config::remote::ResolvedRemote;
 use crate::config::{ExecSpec, Plan, StopSignal};
 use crate::lock;
 
 use self::group::{Group, pid_of, stop};
+use self::left_out::{LeftOut, Restart};
 pub use self::program::{CHILD_SHIM, CommandError, become_child, find_command};
 use self::program::{Spawner, spec_program};
 use self::readiness::{Readiness, check};
+pub use self::remotes::REMOTES_FILE_VERSION;
 pub use self::remotes::{Folder, remotes_folder};
-use self::remotes::{MAX_REMOTES_VARIABLE, remotes_variable, write_remotes};
+use self::remotes::{MAX_REMOTES_VARIABLE, Told, remotes_variable, write_remotes};
 
 /// How a run of the process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -161,6 +183,14 @@ struct Shared {
     /// The remotes of the next cycle: the required ones, and what the
     /// process is told.
     plan: Mutex<Arc<Plan>>,
+    /// Counts the plans taken in, so a running cycle hears of each.
+    plans: channel::Sender<u64>,
+    /// The remotes the process is told of now; none while none runs.
+    running: channel::Sender<BTreeSet<String>>,
+    /// The revision of the last remotes file written.
+    revision: AtomicU64,
+    /// Restarts within a cycle, by why.
+    restarts: IntCounterVec,
     probes: ProbeSetHandle,
     state: Mutex<ProcessState>,
     /// Registered at the first run's end: before it, there is no exit to
@@ -230,10 +260,25 @@ impl ExecManager {
             "Processes the exec manager started.",
         )?;
         registry.register(Box::new(starts.clone()))?;
+        let restarts = IntCounterVec::new(
+            Opts::new(
+                "tether_manager_process_restarts_total",
+                "Restarts of the exec manager's process within a cycle, by why: an optional remote left out for its loss, or put back once it stayed reachable.",
+            ),
+            &["reason"],
+        )?;
+        for reason in Restart::ALL {
+            restarts.with_label_values(&[reason.as_str()]);
+        }
+        registry.register(Box::new(restarts.clone()))?;
         Ok(Self {
             shared: Arc::new(Shared {
                 spec: Mutex::new(Arc::new(spec)),
                 plan: Mutex::new(Arc::new(plan)),
+                plans: channel::Sender::new(0),
+                running: channel::Sender::new(BTreeSet::new()),
+                revision: AtomicU64::new(0),
+                restarts,
                 probes,
                 state: Mutex::default(),
                 exit: std::sync::OnceLock::new(),
@@ -262,7 +307,18 @@ impl ProcessHandle {
         if let Some(spec) = &plan.exec {
             *lock(&self.shared.spec) = Arc::new(spec.clone());
         }
-        *lock(&self.shared.plan) = plan;
+        let mut now = lock(&self.shared.plan);
+        if !Arc::ptr_eq(&now, &plan) {
+            *now = plan;
+            self.shared.plans.send_modify(|n| *n += 1);
+        }
+    }
+
+    /// The remotes the process is told of now, as it changes; none while
+    /// none runs.
+    #[must_use]
+    pub fn running(&self) -> channel::Receiver<BTreeSet<String>> {
+        self.shared.running.subscribe()
     }
 
     /// The plan the next cycle runs.
@@ -377,25 +433,223 @@ impl Shared {
     }
 }
 
-impl ManagerFactory for ExecManager {
-    fn remotes(&self) -> UsedRemotes {
-        UsedRemotes::All
+/// How one process of a cycle ended.
+enum Ended {
+    /// By itself.
+    Exited(std::io::Result<ExitStatus>),
+    /// The cycle ended.
+    Stopped,
+    /// Restarted within the cycle.
+    Restart(Restart),
+}
+
+/// What a remotes file tells, to compare with the last one written: each
+/// remote's name, generation, and reachability.
+type Telling = Vec<(String, u64, bool)>;
+
+impl Shared {
+    /// The remotes the process is told of, under `plan`: all of them, but
+    /// those left out; and of those, the ones the probes call lost.
+    fn listed<'a>(
+        &self,
+        plan: &'a Plan,
+        left_out: &LeftOut,
+    ) -> (Vec<&'a ResolvedRemote>, BTreeSet<String>) {
+        let listed: Vec<&ResolvedRemote> = plan
+            .remotes
+            .iter()
+            .filter(|r| !left_out.contains(&r.name))
+            .collect();
+        let lost = listed
+            .iter()
+            .filter(|r| self.lost(&r.name))
+            .map(|r| r.name.clone())
+            .collect();
+        (listed, lost)
     }
 
-    /// A process started against a lost remote could only wait on it, or
-    /// fail its cache sync: it starts when none is lost.
+    /// Whether the probes call `remote` lost.
+    fn lost(&self, remote: &str) -> bool {
+        self.probes.state_of(remote) == Some(Reachability::Unreachable)
+    }
+
+    /// Writes the remotes file for `listed`, as a new revision, and says
+    /// they run; what it tells.
+    fn tell(
+        &self,
+        cycle: u64,
+        listed: &[&ResolvedRemote],
+        lost: &BTreeSet<String>,
+        running: &super::Running<'_>,
+    ) -> std::io::Result<(PathBuf, Telling)> {
+        let revision = self.revision.fetch_add(1, Ordering::Relaxed) + 1;
+        let file = write_remotes(
+            self.dir.path(),
+            Told {
+                cycle,
+                revision,
+                remotes: listed,
+                lost,
+            },
+        )?;
+        running.set(listed.iter().map(|r| r.name.clone()).collect());
+        let told = listed
+            .iter()
+            .map(|r| (r.name.clone(), r.generation, !lost.contains(&r.name)))
+            .collect();
+        Ok((file, told))
+    }
+
+    /// For a process that follows its remotes file: writes a new one if
+    /// what the plan and the probes say now differs from `told`.
+    fn retell(&self, cycle: u64, pid: u32, told: &mut Telling, running: &super::Running<'_>) {
+        let plan = Arc::clone(&lock(&self.plan));
+        let (listed, lost) = self.listed(&plan, &LeftOut::default());
+        let now: Telling = listed
+            .iter()
+            .map(|r| (r.name.clone(), r.generation, !lost.contains(&r.name)))
+            .collect();
+        if now == *told {
+            return;
+        }
+        match self.tell(cycle, &listed, &lost, running) {
+            Ok((_, written)) => {
+                let revision = self.revision.load(Ordering::Relaxed);
+                info!(
+                    cycle,
+                    pid,
+                    revision,
+                    remotes = listed.len(),
+                    lost = lost.len(),
+                    "remotes file rewritten; the process follows it"
+                );
+                *told = written;
+            }
+            Err(err) => {
+                warn!(cycle, error = %err, "cannot rewrite the remotes file; the process keeps the last one");
+            }
+        }
+    }
+
+    /// Starts the process of `cycle` on `spec`, told of `listed` through
+    /// `file`: it, its group, its pid, and its mark as tether's own, to
+    /// hold for as long as it runs.
+    async fn spawn(
+        &self,
+        cycle: &CycleToken,
+        spec: &ExecSpec,
+        listed: &[&ResolvedRemote],
+        file: &Path,
+    ) -> std::io::Result<(Child, Group, u32, crate::managers::reaper::Own)> {
+        let (program, args) = spec
+            .command
+            .split_first()
+            .expect("validation requires a command");
+        let mut command = Command::new(&self.launcher);
+        command
+            .arg(CHILD_SHIM)
+            .arg(rustix::process::getpid().as_raw_nonzero().get().to_string())
+            .arg("--")
+            .arg(program)
+            .args(args)
+            .envs(spec.env.iter().map(|(k, v)| (k, v)))
+            .env("TETHER_CYCLE", cycle.number().to_string())
+            .env("TETHER_REMOTES_FILE", file)
+            .stdin(Stdio::null())
+            .stdout(Stdio::inherit())
+            .stderr(Stdio::inherit())
+            .process_group(0);
+        match remotes_variable(listed) {
+            Ok(names) => {
+                command.env("TETHER_REMOTES", names);
+            }
+            Err(size) => {
+                command.env_remove("TETHER_REMOTES");
+                warn!(
+                    cycle = cycle.number(),
+                    remotes = listed.len(),
+                    size,
+                    "TETHER_REMOTES is not set: the remotes' names pass the {} KiB tether puts in one environment variable; the process finds them in TETHER_REMOTES_FILE",
+                    MAX_REMOTES_VARIABLE / 1024
+                );
+            }
+        }
+        if let Some(dir) = &spec.working_dir {
+            command.current_dir(dir);
+        }
+        // tether waits for this child itself: the PID 1 reaper leaves it,
+        // and its group's stray members are not escapees.
+        let (child, own) = self.spawner.spawn(command).await?;
+        let pid = child
+            .id()
+            .expect("a child that was not waited for has its id");
+        let group = Group(pid_of(pid).expect("a child's pid is positive"));
+        self.starts.inc();
+        {
+            let mut state = lock(&self.state);
+            state.pid = Some(pid);
+            state.cycle = cycle.number();
+            state.started = Some(SystemTime::now());
+            state.spawn_error = None;
+        }
+        info!(cycle = cycle.number(), pid, remotes = listed.len(), command = %crate::human::command(&spec.command), "manager process started");
+        Ok((child, group, pid, own))
+    }
+}
+
+/// A process that ended by itself: `manager_exited` for exit code 0, and
+/// `manager_failed` for anything else.
+fn exited(cycle: u64, pid: u32, how: ExitHow) -> Result<(), ManagerError> {
+    match how {
+        ExitHow::Code(0) => {
+            info!(cycle, pid, "manager process exited with code 0");
+            Ok(())
+        }
+        how => {
+            warn!(cycle, pid, exit = %how, "manager process failed");
+            Err(ManagerError::failed(ExitError(how)))
+        }
+    }
+}
+
+impl ManagerFactory for ExecManager {
+    /// Every remote of the plan: a required one's loss ends the cycle, an
+    /// optional one's is the manager's to take in.
+    fn remotes(&self) -> UsedRemotes {
+        let plan = lock(&self.shared.plan);
+        UsedRemotes::Only(
+            plan.remotes
+                .iter()
+                .map(|remote| {
+                    let used = if remote.required {
+                        UsedRemote::ends_cycle(&remote.name)
+                    } else {
+                        UsedRemote::restarts_alone(&remote.name)
+                    };
+                    used.at_version(remote.generation)
+                })
+                .collect(),
+        )
+    }
+
+    /// A process started against a lost required remote could only wait
+    /// on it, or fail its cache sync: it starts when none is lost.
     fn waits_for_lost_remotes(&self) -> bool {
         true
+    }
+
+    /// A process that follows its remotes file takes a remote added,
+    /// removed or read anew from the file. A share that moved still ends
+    /// the cycle: tether cannot see when the process has let a remote go,
+    /// and another replica may take it only then.
+    fn takes_remote_changes(&self, cause: &Cause) -> bool {
+        lock(&self.shared.spec).follows_remotes_file && cause.kind() != CauseKind::ShardChanged
     }
 
     async fn run(&self, cycle: CycleToken) -> Result<(), ManagerError> {
         let shared = &self.shared;
         let spec = Arc::clone(&lock(&shared.spec));
-        let plan = Arc::clone(&lock(&shared.plan));
-        let (program, args) = spec
-            .command
-            .split_first()
-            .expect("validation requires a command");
+        let program = spec.command.first().cloned().unwrap_or_default();
         let fail = |source: std::io::Error| {
             let err = SpawnError {
                 program: program.clone(),
@@ -408,88 +662,91 @@ impl ManagerFactory for ExecManager {
         // a program removed since is this cycle's build failure, named,
         // rather than the shim's exit code.
         spec_program(&spec).map_err(fail)?;
-        let remotes_file =
-            write_remotes(shared.dir.path(), cycle.number(), &plan.remotes).map_err(fail)?;
-        let names = remotes_variable(&plan.remotes);
-        let mut command = Command::new(&shared.launcher);
-        command
-            .arg(CHILD_SHIM)
-            .arg(rustix::process::getpid().as_raw_nonzero().get().to_string())
-            .arg("--")
-            .arg(program)
-            .args(args)
-            .envs(spec.env.iter().map(|(k, v)| (k, v)))
-            .env("TETHER_CYCLE", cycle.number().to_string())
-            .env("TETHER_REMOTES_FILE", &remotes_file)
-            .stdin(Stdio::null())
-            .stdout(Stdio::inherit())
-            .stderr(Stdio::inherit())
-            .process_group(0);
-        match &names {
-            Ok(names) => {
-                command.env("TETHER_REMOTES", names);
-            }
-            Err(size) => {
-                command.env_remove("TETHER_REMOTES");
-                warn!(
-                    cycle = cycle.number(),
-                    remotes = plan.remotes.len(),
-                    size,
-                    "TETHER_REMOTES is not set: the remotes' names pass the {} KiB tether puts in one environment variable; the process finds them in TETHER_REMOTES_FILE",
-                    MAX_REMOTES_VARIABLE / 1024
-                );
-            }
+        let running = super::Running::new(&shared.running);
+        let mut plans = shared.plans.subscribe();
+        let mut transitions = shared.probes.subscribe();
+        let follows = spec.follows_remotes_file;
+        let hold = spec.put_back_after;
+        let mut left_out = LeftOut::default();
+        if !follows {
+            let plan = Arc::clone(&lock(&shared.plan));
+            left_out.look(&plan, |name| shared.lost(name), hold);
         }
-        if let Some(dir) = &spec.working_dir {
-            command.current_dir(dir);
-        }
-        // tether waits for this child itself: the PID 1 reaper leaves it,
-        // and its group's stray members are not escapees.
-        let (mut child, _own) = shared.spawner.spawn(command).await.map_err(fail)?;
-        let pid = child
-            .id()
-            .expect("a child that was not waited for has its id");
-        let group = Group(pid_of(pid).expect("a child's pid is positive"));
-        shared.starts.inc();
-        {
-            let mut state = lock(&shared.state);
-            state.pid = Some(pid);
-            state.cycle = cycle.number();
-            state.started = Some(SystemTime::now());
-            state.spawn_error = None;
-        }
-        info!(cycle = cycle.number(), pid, command = %crate::human::command(&spec.command), "manager process started");
-
-        let readiness = shared.follow_readiness(&spec, &cycle);
-        let (how, stopped) = tokio::select! {
-            status = child.wait() => {
-                let how = status.map_or(ExitHow::Code(-1), ExitHow::of);
-                group.stop_leftovers(spec.stop_signal.signal(), spec.grace_period).await;
-                (how, false)
-            }
-            () = cycle.cancelled() => {
-                (stop(&mut child, &group, spec.stop_signal.signal(), spec.grace_period).await, true)
-            }
-            () = readiness => unreachable!("readiness is followed until the process ends"),
-        };
-        cycle.set_manager_up(false);
-        shared.record_exit(cycle.number(), how, stopped);
-        if stopped {
-            info!(cycle = cycle.number(), pid, exit = %how, "manager process stopped");
-            return Ok(());
-        }
-        match how {
-            ExitHow::Code(0) => {
-                info!(
-                    cycle = cycle.number(),
-                    pid, "manager process exited with code 0"
-                );
-                Ok(())
-            }
-            how => {
-                warn!(cycle = cycle.number(), pid, exit = %how, "manager process failed");
-                Err(ManagerError::failed(ExitError(how)))
-            }
+        loop {
+            let plan = Arc::clone(&lock(&shared.plan));
+            let (listed, lost) = shared.listed(&plan, &left_out);
+            let (file, mut told) = shared
+                .tell(cycle.number(), &listed, &lost, &running)
+                .map_err(fail)?;
+            // Held until this process is reaped: the PID 1 reaper leaves it.
+            let (mut child, group, pid, _own) = shared
+                .spawn(&cycle, &spec, &listed, &file)
+                .await
+                .map_err(fail)?;
+            drop(listed);
+            drop(plan);
+            let readiness = shared.follow_readiness(&spec, &cycle);
+            tokio::pin!(readiness);
+            let ended = loop {
+                let put_back = left_out.next(hold);
+                tokio::select! {
+                    status = child.wait() => break Ended::Exited(status),
+                    () = cycle.cancelled() => break Ended::Stopped,
+                    () = &mut readiness => unreachable!("readiness is followed until the process ends"),
+                    // The scopes are the supervisor's; the file says the rest.
+                    Some(_) = cycle.joined() => {}
+                    Ok(()) = plans.changed(), if follows => {}
+                    _ = transitions.recv() => {}
+                    () = tokio::time::sleep_until(put_back.unwrap_or_else(Instant::now)), if put_back.is_some() => {}
+                }
+                if follows {
+                    shared.retell(cycle.number(), pid, &mut told, &running);
+                    continue;
+                }
+                let plan = Arc::clone(&lock(&shared.plan));
+                if let Some(why) = left_out.look(&plan, |name| shared.lost(name), hold) {
+                    break Ended::Restart(why);
+                }
+            };
+            let how = match ended {
+                Ended::Restart(why) => {
+                    cycle.set_manager_up(false);
+                    let how = stop(
+                        &mut child,
+                        &group,
+                        spec.stop_signal.signal(),
+                        spec.grace_period,
+                    )
+                    .await;
+                    shared.record_exit(cycle.number(), how, true);
+                    shared.restarts.with_label_values(&[why.as_str()]).inc();
+                    warn!(cycle = cycle.number(), pid, reason = why.as_str(), left_out = %left_out.names().join(","), "restarting the manager process with its reachable remotes (it does not follow its remotes file)");
+                    continue;
+                }
+                Ended::Stopped => {
+                    let how = stop(
+                        &mut child,
+                        &group,
+                        spec.stop_signal.signal(),
+                        spec.grace_period,
+                    )
+                    .await;
+                    cycle.set_manager_up(false);
+                    shared.record_exit(cycle.number(), how, true);
+                    info!(cycle = cycle.number(), pid, exit = %how, "manager process stopped");
+                    return Ok(());
+                }
+                Ended::Exited(status) => {
+                    let how = status.map_or(ExitHow::Code(-1), ExitHow::of);
+                    group
+                        .stop_leftovers(spec.stop_signal.signal(), spec.grace_period)
+                        .await;
+                    how
+                }
+            };
+            cycle.set_manager_up(false);
+            shared.record_exit(cycle.number(), how, false);
+            return exited(cycle.number(), pid, how);
         }
     }
 }

@@ -10,10 +10,19 @@ use super::SetupError;
 use crate::config::RemoteSource;
 use crate::config::remote::{self, ResolvedRemote};
 
+/// The `apiVersion` of `TETHER_REMOTES_FILE`: a reader checks it, and a
+/// change that a reader of this one would misread gets a new one.
+pub const REMOTES_FILE_VERSION: &str = "tether.dev/v1";
+
 /// The remotes a process is told of, as `TETHER_REMOTES_FILE` holds them.
 #[derive(Debug, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 struct RemotesFile<'a> {
+    api_version: &'static str,
+    kind: &'static str,
+    /// Counts the files this manager wrote; a reader takes in a file whose
+    /// revision is above the last it took in.
+    revision: u64,
     /// The cycle the process runs in.
     cycle: u64,
     /// Its remotes, in config order.
@@ -26,6 +35,12 @@ struct RemotesFile<'a> {
 struct RemoteEntry<'a> {
     name: &'a str,
     required: bool,
+    /// Changes when the remote must be reached anew: a new server, CA,
+    /// client certificate or key (a token file alone does not change it).
+    generation: u64,
+    /// `false` while the probes call it lost: a process that follows the
+    /// file stops using it until it is `true` again.
+    reachable: bool,
     /// The kubeconfig that reaches it, absolute; absent for the in-cluster
     /// config or the current context (no config file).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -35,21 +50,32 @@ struct RemoteEntry<'a> {
     context: Option<&'a str>,
 }
 
+/// What one `TETHER_REMOTES_FILE` says.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Told<'a> {
+    /// The cycle the process runs in.
+    pub(super) cycle: u64,
+    /// This file's revision.
+    pub(super) revision: u64,
+    /// The remotes it lists, in plan order.
+    pub(super) remotes: &'a [&'a ResolvedRemote],
+    /// Those of them the probes call lost.
+    pub(super) lost: &'a std::collections::BTreeSet<String>,
+}
+
 /// Writes, into `dir`, the file that tells a process its remotes, and a
 /// kubeconfig for each remote configured by direct fields (naming the CA
 /// and token files by path: no secret is copied) or discovered (the
-/// Secret's kubeconfig, mode 0600). The kubeconfigs of remotes no longer
-/// planned are removed: a cluster dropped from the fleet leaves no
-/// credentials behind. Returns the file.
-pub(super) fn write_remotes(
-    dir: &Path,
-    cycle: u64,
-    remotes: &[ResolvedRemote],
-) -> std::io::Result<PathBuf> {
+/// Secret's kubeconfig, mode 0600), each kubeconfig before the file that
+/// names it. The kubeconfigs of remotes no longer listed are removed
+/// after it: a cluster dropped from the fleet leaves no credentials
+/// behind. Each file is replaced whole (written beside, synced, renamed),
+/// so a reader never sees part of one. Returns the file.
+pub(super) fn write_remotes(dir: &Path, told: Told<'_>) -> std::io::Result<PathBuf> {
     let absolute = |p: &Path| std::path::absolute(p);
-    let mut entries = Vec::with_capacity(remotes.len());
+    let mut entries = Vec::with_capacity(told.remotes.len());
     let mut written = std::collections::BTreeSet::new();
-    for remote in remotes {
+    for remote in told.remotes {
         let (kubeconfig, context) = match &remote.source {
             RemoteSource::Kubeconfig { path, context } => {
                 (Some(absolute(path)?), context.as_deref())
@@ -92,13 +118,18 @@ pub(super) fn write_remotes(
         entries.push(RemoteEntry {
             name: &remote.name,
             required: remote.required,
+            generation: remote.generation,
+            reachable: !told.lost.contains(&remote.name),
             kubeconfig,
             context,
         });
     }
     let file = dir.join("remotes.json");
     let body = serde_json::to_vec_pretty(&RemotesFile {
-        cycle,
+        api_version: REMOTES_FILE_VERSION,
+        kind: "Remotes",
+        revision: told.revision,
+        cycle: told.cycle,
         remotes: entries,
     })?;
     replace_file(&file, &body)?;
@@ -120,7 +151,7 @@ pub(super) const MAX_REMOTES_VARIABLE: usize = 32 * 1024;
 
 /// `TETHER_REMOTES`: the remotes' names, in plan order, comma-separated;
 /// or, past [`MAX_REMOTES_VARIABLE`], its size.
-pub(super) fn remotes_variable(remotes: &[ResolvedRemote]) -> Result<String, usize> {
+pub(super) fn remotes_variable(remotes: &[&ResolvedRemote]) -> Result<String, usize> {
     let size = remotes
         .iter()
         .map(|r| r.name.len() + 1)
@@ -133,28 +164,51 @@ pub(super) fn remotes_variable(remotes: &[ResolvedRemote]) -> Result<String, usi
     Ok(names.join(","))
 }
 
-/// Writes `body` to `path` whole: into a file beside it, then renamed over.
+/// Writes `body` to `path` whole: into a file beside it, synced, then
+/// renamed over, and the folder synced, so that a reader sees the old file
+/// or the new one, never part of one, and a crash leaves one of them.
 fn replace_file(path: &Path, body: &[u8]) -> std::io::Result<()> {
-    let next = path.with_extension("next");
-    std::fs::write(&next, body)?;
-    std::fs::rename(&next, path)
+    replace_with(
+        path,
+        body,
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true),
+    )
 }
 
 /// As [`replace_file`], the file readable and writable by its owner alone
 /// from the start: it holds credentials.
 fn replace_private_file(path: &Path, body: &[u8]) -> std::io::Result<()> {
-    use std::io::Write as _;
     use std::os::unix::fs::OpenOptionsExt as _;
 
     let next = path.with_extension("next");
     let _ = std::fs::remove_file(&next);
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&next)?
-        .write_all(body)?;
-    std::fs::rename(&next, path)
+    replace_with(
+        path,
+        body,
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600),
+    )
+}
+
+/// Writes `body` into `<path>.next`, opened with `options`, syncs it,
+/// renames it over `path`, and syncs the folder.
+fn replace_with(path: &Path, body: &[u8], options: &std::fs::OpenOptions) -> std::io::Result<()> {
+    use std::io::Write as _;
+
+    let next = path.with_extension("next");
+    let mut file = options.open(&next)?;
+    file.write_all(body)?;
+    file.sync_all()?;
+    std::fs::rename(&next, path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
 }
 
 /// What every exec manager's private folder under `TMPDIR` is named from.
@@ -296,19 +350,63 @@ mod tests {
         }
     }
 
+    /// Writes a file listing `remotes`, none lost, as revision `revision`.
+    fn write(dir: &Path, revision: u64, remotes: &[ResolvedRemote]) -> PathBuf {
+        let listed: Vec<&ResolvedRemote> = remotes.iter().collect();
+        let told = Told {
+            cycle: 1,
+            revision,
+            remotes: &listed,
+            lost: &std::collections::BTreeSet::new(),
+        };
+        write_remotes(dir, told).expect("written")
+    }
+
+    #[test]
+    fn the_file_is_versioned_and_says_each_remotes_generation_and_reachability() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (a, b) = (discovered("a"), discovered("b"));
+        let lost = std::collections::BTreeSet::from(["b".to_owned()]);
+        let told = Told {
+            cycle: 3,
+            revision: 7,
+            remotes: &[&a, &b],
+            lost: &lost,
+        };
+        let file = write_remotes(dir.path(), told).expect("written");
+        let read: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&file).expect("read")).expect("JSON");
+        assert_eq!(read["apiVersion"], REMOTES_FILE_VERSION);
+        assert_eq!(read["kind"], "Remotes");
+        assert_eq!(
+            (read["revision"].as_u64(), read["cycle"].as_u64()),
+            (Some(7), Some(3))
+        );
+        assert_eq!(
+            read["remotes"][0]["generation"].as_u64(),
+            Some(a.generation)
+        );
+        assert_eq!(read["remotes"][0]["reachable"], true);
+        assert_eq!(read["remotes"][1]["reachable"], false);
+        assert!(
+            !file.with_extension("next").exists(),
+            "the file beside it stayed"
+        );
+    }
+
     #[test]
     fn a_discovered_clusters_kubeconfig_is_private_and_goes_with_it() {
         use std::os::unix::fs::PermissionsExt as _;
 
         let dir = tempfile::tempdir().expect("temp dir");
-        write_remotes(dir.path(), 1, &[discovered("a"), discovered("b")]).expect("written");
+        write(dir.path(), 1, &[discovered("a"), discovered("b")]);
         let a = dir.path().join("a.kubeconfig");
         let mode = std::fs::metadata(&a)
             .expect("a's file")
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o600);
-        write_remotes(dir.path(), 2, &[discovered("b")]).expect("written");
+        write(dir.path(), 2, &[discovered("b")]);
         assert!(!a.exists(), "a's credentials outlived it");
         assert!(dir.path().join("b.kubeconfig").exists());
     }
@@ -319,7 +417,8 @@ mod tests {
         // KiB for one environment string (E2BIG).
         let name = |i: usize| format!("{:0>50}", format!("cluster-{i}"));
         let fleet: Vec<ResolvedRemote> = (0..2_600).map(|i| discovered(&name(i))).collect();
-        assert_eq!(remotes_variable(&fleet), Err(2_600 * 51 - 1));
+        let all: Vec<&ResolvedRemote> = fleet.iter().collect();
+        assert_eq!(remotes_variable(&all), Err(2_600 * 51 - 1));
         // What Linux says to such a variable, as it said to a controller
         // told of the whole fleet in it.
         let joined: Vec<&str> = fleet.iter().map(|r| r.name.as_str()).collect();
@@ -332,9 +431,10 @@ mod tests {
             Some(rustix::io::Errno::TOOBIG.raw_os_error())
         );
         let few: Vec<ResolvedRemote> = (0..3).map(|i| discovered(&name(i))).collect();
+        let few: Vec<&ResolvedRemote> = few.iter().collect();
         assert_eq!(remotes_variable(&few).expect("fits").split(',').count(), 3);
         let dir = tempfile::tempdir().expect("temp dir");
-        let file = write_remotes(dir.path(), 1, &fleet).expect("written");
+        let file = write(dir.path(), 1, &fleet);
         let told: serde_json::Value =
             serde_json::from_slice(&std::fs::read(file).expect("read")).expect("JSON");
         assert_eq!(told["remotes"].as_array().map(Vec::len), Some(2_600));
