@@ -5,6 +5,12 @@
 // multi-cluster controllers tether is for, with their failure: when the
 // remote goes away its cache goes stale, /readyz stays 200 and the process
 // never exits.
+//
+// With --fleet it is the shape tether's fleets want instead: one
+// cluster.Cluster per remote that tether's remotes file lists as
+// reachable, through tether's Go package (github.com/tether-rs/tether/fleet),
+// each with a controller of its own that stops when its remote is lost or
+// removed. Mirrors are then named <remote>-<namespace>-<name>.
 package main
 
 import (
@@ -19,17 +25,21 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/cluster"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	"github.com/tether-rs/tether/fleet"
 )
 
 // Label marks a remote ConfigMap to mirror; MirroredFrom marks a mirror.
@@ -45,6 +55,7 @@ func main() {
 	into := flag.String("namespace", "default", "the home namespace mirrors are written into")
 	probes := flag.String("health-probe-bind-address", "127.0.0.1:8081", "where /healthz and /readyz are served")
 	metrics := flag.String("metrics-bind-address", "0", "where /metrics is served (0: off)")
+	inFleet := flag.Bool("fleet", false, "mirror every reachable remote of $TETHER_REMOTES_FILE, following it as tether rewrites it (followsRemotesFile: true)")
 	flag.Parse()
 	ctrl.SetLogger(zap.New(zap.UseDevMode(false)))
 	if *named != "" {
@@ -54,6 +65,13 @@ func main() {
 			os.Exit(2)
 		}
 		*remote = path
+	}
+	if *inFleet {
+		if err := runFleet(*home, *into, *probes, *metrics); err != nil {
+			fmt.Fprintln(os.Stderr, "mirror-controller:", err)
+			os.Exit(1)
+		}
+		return
 	}
 	if err := run(*home, *remote, *into, *probes, *metrics); err != nil {
 		fmt.Fprintln(os.Stderr, "mirror-controller:", err)
@@ -90,24 +108,13 @@ func fromTether(name string) (string, error) {
 }
 
 func run(home, remote, into, probes, metrics string) error {
-	homeConfig, err := clientcmd.BuildConfigFromFlags("", home)
-	if err != nil {
-		return fmt.Errorf("home kubeconfig: %w", err)
-	}
 	remoteConfig, err := clientcmd.BuildConfigFromFlags("", remote)
 	if err != nil {
 		return fmt.Errorf("remote kubeconfig: %w", err)
 	}
-	// The home cache holds only the namespace mirrors are written into, so
-	// a Role there is all the RBAC the controller needs at home.
-	mgr, err := ctrl.NewManager(homeConfig, ctrl.Options{
-		HealthProbeBindAddress: probes,
-		Metrics:                metricsserver.Options{BindAddress: metrics},
-		LeaderElection:         false,
-		Cache:                  cache.Options{DefaultNamespaces: map[string]cache.Config{into: {}}},
-	})
+	mgr, err := homeManager(home, into, probes, metrics)
 	if err != nil {
-		return fmt.Errorf("manager: %w", err)
+		return err
 	}
 	selector, err := labels.Parse(Label)
 	if err != nil {
@@ -134,25 +141,99 @@ func run(home, remote, into, probes, metrics string) error {
 	if err != nil {
 		return fmt.Errorf("controller: %w", err)
 	}
-	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
-		return err
-	}
 	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
 	return mgr.Start(ctrl.SetupSignalHandler())
 }
 
-// mirror copies a remote ConfigMap's data to <namespace>-<name> in the home
-// namespace, and deletes that copy when the original goes.
+// homeManager is the manager on the home cluster. Its cache holds only the
+// namespace mirrors are written into, so a Role there is all the RBAC the
+// controller needs at home.
+func homeManager(home, into, probes, metrics string) (ctrl.Manager, error) {
+	homeConfig, err := clientcmd.BuildConfigFromFlags("", home)
+	if err != nil {
+		return nil, fmt.Errorf("home kubeconfig: %w", err)
+	}
+	mgr, err := ctrl.NewManager(homeConfig, ctrl.Options{
+		HealthProbeBindAddress: probes,
+		Metrics:                metricsserver.Options{BindAddress: metrics},
+		LeaderElection:         false,
+		Cache:                  cache.Options{DefaultNamespaces: map[string]cache.Config{into: {}}},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("manager: %w", err)
+	}
+	return mgr, mgr.AddHealthzCheck("ping", healthz.Ping)
+}
+
+// runFleet mirrors every engaged remote of tether's remotes file: each with
+// a cluster whose cache holds the labelled ConfigMaps, and a controller
+// started under the remote's own context, so both stop with it.
+func runFleet(home, into, probes, metrics string) error {
+	mgr, err := homeManager(home, into, probes, metrics)
+	if err != nil {
+		return err
+	}
+	selector, err := labels.Parse(Label)
+	if err != nil {
+		return err
+	}
+	skip := true
+	remotes, err := fleet.New(fleet.Options{
+		NewCluster: func(_ string, config *rest.Config) (cluster.Cluster, error) {
+			return cluster.New(config, func(o *cluster.Options) {
+				o.Cache = cache.Options{DefaultLabelSelector: selector}
+			})
+		},
+		Engage: func(ctx context.Context, name string, cl cluster.Cluster) error {
+			c, err := controller.NewUnmanaged("mirror-"+name, controller.Options{
+				Reconciler: &mirror{remote: cl.GetClient(), home: mgr.GetClient(), into: into, prefix: name + "-"},
+				// A remote replaced at a new generation gets a controller
+				// of the same name.
+				SkipNameValidation: &skip,
+			})
+			if err != nil {
+				return err
+			}
+			if err := c.Watch(source.Kind(
+				cl.GetCache(),
+				&corev1.ConfigMap{},
+				&handler.TypedEnqueueRequestForObject[*corev1.ConfigMap]{},
+			)); err != nil {
+				return err
+			}
+			go func() {
+				if err := c.Start(ctx); err != nil {
+					ctrl.Log.Error(err, "the remote's controller stopped", "remote", name)
+				}
+			}()
+			return nil
+		},
+	})
+	if err != nil {
+		return err
+	}
+	if err := mgr.Add(remotes); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("fleet", remotes.ReadyCheck); err != nil {
+		return err
+	}
+	return mgr.Start(ctrl.SetupSignalHandler())
+}
+
+// mirror copies a remote ConfigMap's data to <prefix><namespace>-<name> in
+// the home namespace, and deletes that copy when the original goes.
 type mirror struct {
 	remote, home client.Client
 	into         string
+	prefix       string
 }
 
 func (m *mirror) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	log := ctrl.LoggerFrom(ctx)
-	name := types.NamespacedName{Namespace: m.into, Name: req.Namespace + "-" + req.Name}
+	name := types.NamespacedName{Namespace: m.into, Name: m.prefix + req.Namespace + "-" + req.Name}
 	var original corev1.ConfigMap
 	if err := m.remote.Get(ctx, req.NamespacedName, &original); err != nil {
 		if !apierrors.IsNotFound(err) {
@@ -170,7 +251,7 @@ func (m *mirror) Reconcile(ctx context.Context, req reconcile.Request) (reconcil
 		if mirrored.Labels == nil {
 			mirrored.Labels = map[string]string{}
 		}
-		mirrored.Labels[MirroredFrom] = req.Namespace + "." + req.Name
+		mirrored.Labels[MirroredFrom] = m.prefix + req.Namespace + "." + req.Name
 		mirrored.Data = original.Data
 		return nil
 	})
