@@ -12,10 +12,6 @@ use kube::api::PostParams;
 
 use crate::*;
 
-/// Secrets created one at a time while tether runs, each timed to its
-/// remote's first probe.
-const TRIALS: usize = 100;
-
 /// The Secrets created at once before tether starts.
 const IN_FLIGHT: usize = 32;
 
@@ -134,7 +130,9 @@ fn first_probes(
                 format!("tether_watch_synced{{remote=\"{remote}\",resource=\"namespaces\"}}");
             poll(
                 "the new remote's cache synced",
-                Duration::from_secs(30),
+                // Long enough for a tether that rebuilds every remote's
+                // caches for one Secret, after its backoff, to be measured.
+                Duration::from_secs(180),
                 Duration::from_millis(5),
                 || Ok((metric(admin, &series).ok() == Some(1.0)).then_some(())),
             )?;
@@ -142,6 +140,28 @@ fn first_probes(
         }
     }
     Ok((took, synced))
+}
+
+/// The head of tether's config: its admin address, probes, watch list
+/// (`--watch`), and the one discovery source; and whether it watches.
+fn head(args: &Args, admin: &str, home_kubeconfig: &Path) -> Result<(String, bool)> {
+    let interval = args.interval.as_secs_f64();
+    let watches = match args.watch.as_str() {
+        "default" => true,
+        "none" => false,
+        other => return Err(format!("--watch {other}: say default or none")),
+    };
+    let head = format!(
+        "admin: {{ address: \"{admin}\" }}\nprobe: {{ interval: {interval}s, timeout: {}s }}\nwatch: {}\ndiscovery:\n  - secrets: {{ namespace: fleet, format: kubeconfig, kubeconfig: {} }}\n",
+        interval / 2.0,
+        if watches {
+            "[{ apiVersion: v1, kind: Namespace }]"
+        } else {
+            "[]"
+        },
+        home_kubeconfig.display()
+    );
+    Ok((head, watches))
 }
 
 pub(crate) fn discovery(args: &Args, count: usize) -> Result<Value> {
@@ -163,9 +183,10 @@ pub(crate) fn discovery(args: &Args, count: usize) -> Result<Value> {
     };
     eprintln!(
         "starting {} simulated remotes (HTTPS, token each) and a real home cluster",
-        servers + TRIALS
+        servers + args.discovery_trials
     );
-    let mut remotes = Remotes::start(servers + TRIALS)?;
+    let trials = args.discovery_trials;
+    let mut remotes = Remotes::start(servers + trials)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -178,21 +199,7 @@ pub(crate) fn discovery(args: &Args, count: usize) -> Result<Value> {
     eprintln!("{count} Secrets created in {creating:.1?}");
 
     let admin = format!("127.0.0.1:{}", tether_testkit::free_port());
-    let watches = match args.watch.as_str() {
-        "default" => true,
-        "none" => false,
-        other => return Err(format!("--watch {other}: say default or none")),
-    };
-    let head = format!(
-        "admin: {{ address: \"{admin}\" }}\nprobe: {{ interval: {interval}s, timeout: {}s }}\nwatch: {}\ndiscovery:\n  - secrets: {{ namespace: fleet, format: kubeconfig, kubeconfig: {} }}\n",
-        interval / 2.0,
-        if watches {
-            "[{ apiVersion: v1, kind: Namespace }]"
-        } else {
-            "[]"
-        },
-        home_kubeconfig.display()
-    );
+    let (head, watches) = head(args, &admin, &home_kubeconfig)?;
     let config = tether_config_as(&remotes, statics, "tether.yaml", &head)?;
     let started_at = now();
     let mut tether = start_tether(&config)?;
@@ -206,7 +213,7 @@ pub(crate) fn discovery(args: &Args, count: usize) -> Result<Value> {
     tether.alive()?;
     let (peak, rss) = (tether.kib("VmHWM"), tether.kib("VmRSS"));
 
-    let trials = (0..TRIALS)
+    let trials = (0..trials)
         .map(|t| (statics + count + t, servers + t))
         .collect();
     let lists_before = remotes.lists(NAMESPACES)?;
@@ -219,11 +226,10 @@ pub(crate) fn discovery(args: &Args, count: usize) -> Result<Value> {
         trials,
         watches.then_some(admin.as_str()),
     )?;
-    let lists_after = remotes.lists(NAMESPACES)?;
     // The LISTs the fleet's other remotes served while the Secrets came.
     let relists: u64 = lists_before
         .iter()
-        .zip(&lists_after)
+        .zip(&remotes.lists(NAMESPACES)?)
         .take(servers)
         .map(|(before, after)| after - before)
         .sum();
@@ -247,6 +253,7 @@ pub(crate) fn discovery(args: &Args, count: usize) -> Result<Value> {
         "tether_after_trials": {"peak_rss_kib": peak_after, "rss_kib": rss_after},
         "secret_to_first_probe_ms": {"samples": took, "median": med, "max": max},
         "watch": args.watch,
+        "trials": args.discovery_trials,
         "secret_to_cache_synced_ms": synced.as_ref().map(|s| json!({
             "samples": s,
             "median": median(&mut s.clone()),
@@ -297,11 +304,51 @@ fn table(r: &Value) -> Vec<(String, String)> {
             format!("{:.1} / {:.1} MiB", mib("peak_rss_kib"), mib("rss_kib")),
         ),
         (
-            format!("a Secret's creation to its first probe (median / max of {TRIALS})"),
+            format!(
+                "a Secret's creation to its first probe (median / max of {})",
+                r["trials"]
+            ),
             format!(
                 "{:.0} / {:.0} ms",
                 ms["median"].as_f64().unwrap_or_default(),
                 ms["max"].as_f64().unwrap_or_default()
+            ),
+        ),
+        (
+            "tether RSS after the trials (peak / now)".to_owned(),
+            format!(
+                "{:.1} / {:.1} MiB",
+                r["tether_after_trials"]["peak_rss_kib"]
+                    .as_f64()
+                    .unwrap_or_default()
+                    / 1024.0,
+                r["tether_after_trials"]["rss_kib"]
+                    .as_f64()
+                    .unwrap_or_default()
+                    / 1024.0
+            ),
+        ),
+        (
+            format!(
+                "a Secret's creation to its cache synced (median / max of {})",
+                r["trials"]
+            ),
+            r["secret_to_cache_synced_ms"].as_object().map_or_else(
+                || "not watched (--watch none)".to_owned(),
+                |s| {
+                    format!(
+                        "{:.0} / {:.0} ms",
+                        s["median"].as_f64().unwrap_or_default(),
+                        s["max"].as_f64().unwrap_or_default()
+                    )
+                },
+            ),
+        ),
+        (
+            "LISTs on the other remotes, and cycles ended, during the trials".to_owned(),
+            format!(
+                "{} LISTs, {} cycles",
+                r["lists_on_the_other_remotes_during_trials"], r["cycles_during_trials"]
             ),
         ),
         (

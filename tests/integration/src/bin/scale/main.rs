@@ -124,6 +124,11 @@ struct Args {
     /// apiservers' connections).
     #[arg(long, requires = "discovery")]
     discovery_shares: bool,
+    /// With `--discovery`: how many Secrets are then created one at a
+    /// time, each timed to its remote's first probe (and, with `--watch
+    /// default`, to its cache synced).
+    #[arg(long, default_value_t = 100, requires = "discovery")]
+    discovery_trials: usize,
     /// Where to write the JSON.
     #[arg(long)]
     json: Option<PathBuf>,
