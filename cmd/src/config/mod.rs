@@ -521,6 +521,31 @@ mod tests {
     }
 
     #[test]
+    fn the_exec_managers_fleet_settings_default_and_a_zero_hold_is_refused() {
+        let exec = |extra: &str| format!("{REMOTE}manager: {{exec: {{command: [x]{extra}}}}}\n");
+        let spec = parse(&exec("")).expect("valid").exec.expect("exec");
+        assert!(!spec.follows_remotes_file);
+        assert_eq!(spec.put_back_after, defaults::PUT_BACK_AFTER);
+        let spec = parse(&exec(", followsRemotesFile: true, putBackAfter: 30s"))
+            .expect("valid")
+            .exec
+            .expect("exec");
+        assert!(spec.follows_remotes_file);
+        assert_eq!(spec.put_back_after, Duration::from_secs(30));
+        let err = parse(&exec(", putBackAfter: 0s")).expect_err("a zero hold");
+        assert_eq!(err.field, "manager.exec.putBackAfter", "{err}");
+    }
+
+    #[test]
+    fn a_discovered_remote_is_optional_unless_its_source_says_otherwise() {
+        let source = |extra: &str| {
+            format!("discovery: [{{secrets: {{namespace: fleet, format: kubeconfig{extra}}}}}]\n")
+        };
+        assert!(!parse(&source("")).expect("valid").discovery[0].required);
+        assert!(parse(&source(", required: true")).expect("valid").discovery[0].required);
+    }
+
+    #[test]
     fn an_identity_must_fit_a_shard_leases_name() {
         let err = parse(&format!(
             "{REMOTE}leaderElection: {{enabled: true, identity: Pod_A}}\nsharding: {{enabled: true}}\n"
