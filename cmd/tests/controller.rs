@@ -20,8 +20,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::matrix::detection_bound;
+use common::mirror::{client, configmaps, create_labelled};
 use common::{DEADLINE, Shape, Tether, collect, free_port, http_get, real_plane};
-use k8s_openapi::api::core::v1::ConfigMap;
 use tether_testkit::{ControlPlane, RealOptions, peer};
 
 /// The exec manager's grace period for the controller.
@@ -71,27 +71,6 @@ impl Fault {
             Self::Refused => remote.restart().await.expect("started again"),
         }
     }
-}
-
-fn configmaps(client: kube::Client) -> kube::Api<ConfigMap> {
-    kube::Api::namespaced(client, "default")
-}
-
-async fn client(plane: &ControlPlane) -> kube::Client {
-    kube::Client::try_from(common::config_of(plane).await).expect("client")
-}
-
-/// Creates ConfigMap `name`, labelled for the mirror, on `remote`.
-async fn create_labelled(remote: &ControlPlane, name: &str) {
-    let cm: ConfigMap = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": name, "labels": {"tether.test/mirror": "yes"}},
-        "data": {"made": name},
-    }))
-    .expect("a ConfigMap");
-    configmaps(client(remote).await)
-        .create(&kube::api::PostParams::default(), &cm)
-        .await
-        .expect("the remote creates it");
 }
 
 /// Whether `name`'s mirror is in the home cluster.

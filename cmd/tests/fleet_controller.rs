@@ -16,9 +16,10 @@ mod common;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use common::mirror::{client, configmaps, create_labelled};
 use common::relay::Relay;
 use common::{DEADLINE, Shape, Tether, free_port, real_plane, until};
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 use tether_testkit::{ControlPlane, RealOptions, peer};
@@ -26,23 +27,6 @@ use tether_testkit::{ControlPlane, RealOptions, peer};
 /// What the issue asks of a remote that stays: mirrored within 2 s while
 /// another is out.
 const MIRRORED_WITHIN: Duration = Duration::from_secs(2);
-
-async fn client(plane: &ControlPlane) -> kube::Client {
-    kube::Client::try_from(common::config_of(plane).await).expect("client")
-}
-
-/// Creates ConfigMap `name`, labelled for the mirror, on `remote`.
-async fn create_labelled(remote: &ControlPlane, name: &str) {
-    let cm: ConfigMap = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": name, "labels": {"tether.test/mirror": "yes"}},
-        "data": {"made": name},
-    }))
-    .expect("a ConfigMap");
-    Api::<ConfigMap>::namespaced(client(remote).await, "default")
-        .create(&PostParams::default(), &cm)
-        .await
-        .expect("the remote creates it");
-}
 
 /// How long until `remote`'s ConfigMap `name` is mirrored into `home`, if
 /// within `limit`.
@@ -53,7 +37,7 @@ async fn mirrored(
     limit: Duration,
 ) -> Option<Duration> {
     let since = Instant::now();
-    let api = Api::<ConfigMap>::namespaced(client(home).await, "default");
+    let api = configmaps(client(home).await);
     let mirror = format!("{remote}-default-{name}");
     common::poll(limit, common::EVERY, async || {
         let found = api.get_opt(&mirror).await.ok().flatten()?;

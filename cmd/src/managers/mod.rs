@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use prometheus::Registry;
 use tether_probes::ProbeSetHandle;
-use tether_supervisor::{CycleToken, ManagerError, ManagerFactory, UsedRemotes};
+use tether_supervisor::{CycleToken, ManagerError, ManagerFactory, UsedRemote, UsedRemotes};
 use tokio::sync::watch as channel;
 
 use self::exec::{ExecManager, ProcessHandle};
@@ -89,6 +89,25 @@ impl ManagerFactory for Manager {
             Kind::Exec(manager) => manager.run(cycle).await,
         }
     }
+}
+
+/// `remotes` as a cycle uses them: a required one's loss ends the cycle,
+/// an optional one's stops its own part; each at its generation, so that
+/// one read anew is rebuilt.
+pub(crate) fn used_remotes(remotes: &[crate::config::remote::ResolvedRemote]) -> UsedRemotes {
+    UsedRemotes::Only(
+        remotes
+            .iter()
+            .map(|remote| {
+                let used = if remote.required {
+                    UsedRemote::ends_cycle(&remote.name)
+                } else {
+                    UsedRemote::restarts_alone(&remote.name)
+                };
+                used.at_version(remote.generation)
+            })
+            .collect(),
+    )
 }
 
 /// What a manager's running cycle runs, by remote, as the manager says it

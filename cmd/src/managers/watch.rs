@@ -43,8 +43,7 @@ use kube::runtime::watcher;
 use prometheus::{IntGaugeVec, Opts, Registry};
 use tether_probes::{ProbeSetHandle, Reachability};
 use tether_supervisor::{
-    Backoff, BackoffConfig, CycleToken, ManagerError, ManagerFactory, RemoteScope, UsedRemote,
-    UsedRemotes,
+    Backoff, BackoffConfig, CycleToken, ManagerError, ManagerFactory, RemoteScope, UsedRemotes,
 };
 use tokio::sync::{mpsc, watch as channel};
 use tokio::task::{JoinError, JoinSet};
@@ -761,20 +760,7 @@ impl Parts {
 
 impl ManagerFactory for WatchManager {
     fn remotes(&self) -> UsedRemotes {
-        let plan = &lock(&self.shared.plan).1;
-        UsedRemotes::Only(
-            used(plan)
-                .iter()
-                .map(|remote| {
-                    let used = if remote.required {
-                        UsedRemote::ends_cycle(&remote.name)
-                    } else {
-                        UsedRemote::restarts_alone(&remote.name)
-                    };
-                    used.at_version(remote.generation)
-                })
-                .collect(),
-        )
+        super::used_remotes(used(&lock(&self.shared.plan).1))
     }
 
     fn takes_remote_changes(&self, _: &tether_supervisor::Cause) -> bool {

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub(crate) mod matrix;
+pub(crate) mod mirror;
 pub(crate) mod relay;
 pub(crate) mod witness;
 

@@ -68,9 +68,7 @@ use std::time::SystemTime;
 use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 use rustix::process::Signal;
 use tether_probes::{ProbeSetHandle, Reachability};
-use tether_supervisor::{
-    Cause, CauseKind, CycleToken, ManagerError, ManagerFactory, UsedRemote, UsedRemotes,
-};
+use tether_supervisor::{Cause, CauseKind, CycleToken, ManagerError, ManagerFactory, UsedRemotes};
 use tokio::process::{Child, Command};
 use tokio::sync::watch as channel;
 use tokio::time::Instant;
@@ -616,20 +614,7 @@ impl ManagerFactory for ExecManager {
     /// Every remote of the plan: a required one's loss ends the cycle, an
     /// optional one's is the manager's to take in.
     fn remotes(&self) -> UsedRemotes {
-        let plan = lock(&self.shared.plan);
-        UsedRemotes::Only(
-            plan.remotes
-                .iter()
-                .map(|remote| {
-                    let used = if remote.required {
-                        UsedRemote::ends_cycle(&remote.name)
-                    } else {
-                        UsedRemote::restarts_alone(&remote.name)
-                    };
-                    used.at_version(remote.generation)
-                })
-                .collect(),
-        )
+        super::used_remotes(&lock(&self.shared.plan).remotes)
     }
 
     /// A process started against a lost required remote could only wait
@@ -709,32 +694,18 @@ impl ManagerFactory for ExecManager {
                 }
             };
             let how = match ended {
-                Ended::Restart(why) => {
+                Ended::Restart(_) | Ended::Stopped => {
                     cycle.set_manager_up(false);
-                    let how = stop(
-                        &mut child,
-                        &group,
-                        spec.stop_signal.signal(),
-                        spec.grace_period,
-                    )
-                    .await;
+                    let (signal, grace) = (spec.stop_signal.signal(), spec.grace_period);
+                    let how = stop(&mut child, &group, signal, grace).await;
                     shared.record_exit(cycle.number(), how, true);
+                    let Ended::Restart(why) = ended else {
+                        info!(cycle = cycle.number(), pid, exit = %how, "manager process stopped");
+                        return Ok(());
+                    };
                     shared.restarts.with_label_values(&[why.as_str()]).inc();
                     warn!(cycle = cycle.number(), pid, reason = why.as_str(), left_out = %left_out.names().join(","), "restarting the manager process with its reachable remotes (it does not follow its remotes file)");
                     continue;
-                }
-                Ended::Stopped => {
-                    let how = stop(
-                        &mut child,
-                        &group,
-                        spec.stop_signal.signal(),
-                        spec.grace_period,
-                    )
-                    .await;
-                    cycle.set_manager_up(false);
-                    shared.record_exit(cycle.number(), how, true);
-                    info!(cycle = cycle.number(), pid, exit = %how, "manager process stopped");
-                    return Ok(());
                 }
                 Ended::Exited(status) => {
                     let how = status.map_or(ExitHow::Code(-1), ExitHow::of);
