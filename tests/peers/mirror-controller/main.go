@@ -116,13 +116,7 @@ func run(home, remote, into, probes, metrics string) error {
 	if err != nil {
 		return err
 	}
-	selector, err := labels.Parse(Label)
-	if err != nil {
-		return err
-	}
-	remoteCluster, err := cluster.New(remoteConfig, func(o *cluster.Options) {
-		o.Cache = cache.Options{DefaultLabelSelector: selector}
-	})
+	remoteCluster, err := labelled(remoteConfig)
 	if err != nil {
 		return fmt.Errorf("remote cluster: %w", err)
 	}
@@ -167,6 +161,18 @@ func homeManager(home, into, probes, metrics string) (ctrl.Manager, error) {
 	return mgr, mgr.AddHealthzCheck("ping", healthz.Ping)
 }
 
+// labelled is a remote's cluster, whose cache holds only the ConfigMaps
+// labelled for the mirror.
+func labelled(config *rest.Config) (cluster.Cluster, error) {
+	selector, err := labels.Parse(Label)
+	if err != nil {
+		return nil, err
+	}
+	return cluster.New(config, func(o *cluster.Options) {
+		o.Cache = cache.Options{DefaultLabelSelector: selector}
+	})
+}
+
 // runFleet mirrors every engaged remote of tether's remotes file: each with
 // a cluster whose cache holds the labelled ConfigMaps, and a controller
 // started under the remote's own context, so both stop with it.
@@ -175,16 +181,10 @@ func runFleet(home, into, probes, metrics string) error {
 	if err != nil {
 		return err
 	}
-	selector, err := labels.Parse(Label)
-	if err != nil {
-		return err
-	}
 	skip := true
 	remotes, err := fleet.New(fleet.Options{
 		NewCluster: func(_ string, config *rest.Config) (cluster.Cluster, error) {
-			return cluster.New(config, func(o *cluster.Options) {
-				o.Cache = cache.Options{DefaultLabelSelector: selector}
-			})
+			return labelled(config)
 		},
 		Engage: func(ctx context.Context, name string, cl cluster.Cluster) error {
 			c, err := controller.NewUnmanaged("mirror-"+name, controller.Options{
