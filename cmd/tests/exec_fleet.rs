@@ -197,12 +197,13 @@ async fn a_process_that_follows_its_remotes_file_is_never_restarted_for_an_optio
         (!common::running(pid)).then_some(())
     })
     .await;
-    assert_eq!(
-        fleet
-            .metric("tether_cycles_total{cause=\"remote_lost\"}")
-            .await,
-        Some(1.0)
-    );
+    // Counted once the manager has returned, after the process is gone.
+    fleet
+        .tether
+        .until_metric("tether_cycles_total{cause=\"remote_lost\"}", "1", |v| {
+            v == 1.0
+        })
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -103,7 +103,7 @@ impl Daemon {
         info!(
             remotes = next.remotes.len(),
             config = %next.label(),
-            "config reloaded and applied; the cycle ends, and the next one runs it"
+            "config reloaded and applied"
         );
         self.config = next;
         self.hand_over(true).await;
