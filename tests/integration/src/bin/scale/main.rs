@@ -9,6 +9,7 @@
 //! cargo run --release -p tether-tests --bin scale -- --detection 20 --apiservers real
 //! cargo run --release -p tether-tests --bin scale -- --discovery 10000
 //! cargo run --release -p tether-tests --bin scale -- --discovery 10000 --remotes 10000 --discovery-shares
+//! cargo run --release -p tether-tests --bin scale -- --fleet-controller 200
 //! ```
 //!
 //! It prints a table and writes the same figures as JSON (`--json`,
@@ -23,7 +24,9 @@
 //! - `shards.rs`: several replicas sharing the remotes (`--replicas`);
 //! - `discovery.rs`: remotes from a real home cluster's Secrets
 //!   (`--discovery`);
-//! - `detection.rs`: detection and rebuild latency (`--detection`).
+//! - `detection.rs`: detection and rebuild latency (`--detection`);
+//! - `fleet.rs`: the mirror controller on tether's Go package over a fleet,
+//!   one remote lost (`--fleet-controller`).
 
 // A benchmark measures wall-clock time; no paused clock here.
 #![allow(clippy::disallowed_methods)]
@@ -35,6 +38,7 @@ mod blackbox;
 mod callgrind;
 mod detection;
 mod discovery;
+mod fleet;
 mod load;
 mod process;
 mod reload;
@@ -58,6 +62,7 @@ use crate::blackbox::*;
 use crate::callgrind::*;
 use crate::detection::*;
 use crate::discovery::*;
+use crate::fleet::*;
 use crate::load::*;
 use crate::process::*;
 use crate::reload::*;
@@ -129,6 +134,12 @@ struct Args {
     /// default`, to its cache synced).
     #[arg(long, default_value_t = 100, requires = "discovery")]
     discovery_trials: usize,
+    /// Instead of a scale run: the mirror controller in its fleet mode
+    /// (`tests/peers`, on tether's Go package) under the exec manager over
+    /// this many optional remotes and a real home cluster; mirror latency
+    /// while all answer and while one is lost, and the controller's starts.
+    #[arg(long)]
+    fleet_controller: Option<usize>,
     /// Where to write the JSON.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -176,6 +187,8 @@ fn run(args: &Args) -> Result<()> {
         ("detection", detection(trials, args.apiservers)?)
     } else if let Some(count) = args.discovery {
         ("discovery", discovery(args, count)?)
+    } else if let Some(count) = args.fleet_controller {
+        ("fleet", fleet_controller(count)?)
     } else if args.remotes > 0 && args.replicas > 1 {
         ("shards", shards(args)?)
     } else if args.remotes > 0 {
@@ -194,6 +207,11 @@ fn run(args: &Args) -> Result<()> {
             args.discovery.unwrap_or_default(),
             args.remotes,
             if args.discovery_shares { "-shared" } else { "" }
+        )
+    } else if mode == "fleet" {
+        format!(
+            "fleet-controller-{}.json",
+            args.fleet_controller.unwrap_or_default()
         )
     } else if mode == "shards" {
         format!("shards-{}x{}.json", args.replicas, args.remotes)
