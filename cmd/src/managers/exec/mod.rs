@@ -445,6 +445,14 @@ enum Ended {
 /// remote's name, generation, and reachability.
 type Telling = Vec<(String, u64, bool)>;
 
+/// What a file listing `listed`, `lost` among them, tells.
+fn telling(listed: &[&ResolvedRemote], lost: &BTreeSet<String>) -> Telling {
+    listed
+        .iter()
+        .map(|r| (r.name.clone(), r.generation, !lost.contains(&r.name)))
+        .collect()
+}
+
 impl Shared {
     /// The remotes the process is told of, under `plan`: all of them, but
     /// those left out; and of those, the ones the probes call lost.
@@ -491,11 +499,7 @@ impl Shared {
             },
         )?;
         running.set(listed.iter().map(|r| r.name.clone()).collect());
-        let told = listed
-            .iter()
-            .map(|r| (r.name.clone(), r.generation, !lost.contains(&r.name)))
-            .collect();
-        Ok((file, told))
+        Ok((file, telling(listed, lost)))
     }
 
     /// For a process that follows its remotes file: writes a new one if
@@ -503,11 +507,7 @@ impl Shared {
     fn retell(&self, cycle: u64, pid: u32, told: &mut Telling, running: &super::Running<'_>) {
         let plan = Arc::clone(&lock(&self.plan));
         let (listed, lost) = self.listed(&plan, &LeftOut::default());
-        let now: Telling = listed
-            .iter()
-            .map(|r| (r.name.clone(), r.generation, !lost.contains(&r.name)))
-            .collect();
-        if now == *told {
+        if telling(&listed, &lost) == *told {
             return;
         }
         match self.tell(cycle, &listed, &lost, running) {
