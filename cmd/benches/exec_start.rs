@@ -1,5 +1,6 @@
 //! What the exec manager adds to a child's start: from a cycle's start to
-//! the child running, against the same child spawned bare with tokio.
+//! the child running, against the same child spawned bare with tokio, and
+//! started through `tether launcher` (as in another container) instead.
 //! `cargo bench -p tether --bench exec_start`.
 //!
 //! The child is `sh -c 'date +%s%N'`, which appends the wall-clock time it
@@ -60,11 +61,43 @@ async fn main() {
         ));
     }
 
+    let supervised = cycles(
+        &file,
+        ExecSpec::of_command(command.clone(), &SupervisorConfig::default(), None),
+    )
+    .await;
+
+    let socket = dir.path().join("launcher.sock");
+    let mut serving = tokio::process::Command::new(env!("CARGO_BIN_EXE_tether"))
+        .args(["launcher", "--socket"])
+        .arg(&socket)
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the launcher starts");
+    let mut spec = ExecSpec::of_command(command, &SupervisorConfig::default(), None);
+    spec.launcher = Some(socket);
+    let launched = cycles(&file, spec).await;
+    let _ = serving.kill().await;
+    let launched = median_max(launched).0;
+
+    let (bare, supervised) = (median_max(bare).0, median_max(supervised).0);
+    println!(
+        "exec start, median of {ROUNDS}: bare tokio spawn to running {bare:?}, exec manager cycle start to running {supervised:?}, overhead {:?}; through the launcher {launched:?}, overhead {:?}",
+        supervised.saturating_sub(bare),
+        launched.saturating_sub(bare)
+    );
+}
+
+/// [`ROUNDS`] cycles of an exec manager on `spec`, each to its child's
+/// exit: from each cycle's start to the child running (the time it wrote
+/// to `file`).
+async fn cycles(file: &Path, spec: ExecSpec) -> Vec<Duration> {
     let registry = Registry::new();
     let probes = ProbeSet::new(ProbeConfig::default(), &registry).expect("probes");
     let manager = ExecManager::new(
         &registry,
-        ExecSpec::of_command(command, &SupervisorConfig::default(), None),
+        spec,
         Plan::default(),
         probes.handle(),
         // The daemon starts each child as itself (`/proc/self/exe`);
@@ -73,19 +106,14 @@ async fn main() {
     )
     .expect("exec manager");
     let root = CancellationToken::new();
-    let mut supervised = Vec::with_capacity(ROUNDS);
+    let mut took = Vec::with_capacity(ROUNDS);
     for round in 0..ROUNDS {
         let cycle = CycleToken::new(round as u64 + 1, &root);
         let asked = now_nanos();
         manager.run(cycle).await.expect("exits 0");
-        supervised.push(Duration::from_nanos(
-            u64::try_from(child_ran_at(&file) - asked).expect("small"),
+        took.push(Duration::from_nanos(
+            u64::try_from(child_ran_at(file) - asked).expect("small"),
         ));
     }
-
-    let (bare, supervised) = (median_max(bare).0, median_max(supervised).0);
-    println!(
-        "exec start, median of {ROUNDS}: bare tokio spawn to running {bare:?}, exec manager cycle start to running {supervised:?}, overhead {:?}",
-        supervised.saturating_sub(bare)
-    );
+    took
 }

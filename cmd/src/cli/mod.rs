@@ -1,4 +1,5 @@
-//! The command line: `run`, `validate`, `check`, `demo` and `install`.
+//! The command line: `run`, `validate`, `check`, `demo`, `install` and
+//! `launcher`.
 //!
 //! - `validate.rs`: what a config means, checked as `run` would;
 //! - `check.rs`: every remote probed once, and the Lease read;
@@ -56,6 +57,14 @@ enum Command {
     Validate(RunArgs),
     /// Run against three simulated remotes; lose one and bring it back.
     Demo(DemoArgs),
+    /// Start the exec manager's process in this container when tether,
+    /// in another container of the pod, asks (`manager.exec.launcher`):
+    /// the controller runs without tether's credentials (see docs/exec.md).
+    Launcher {
+        /// The Unix socket to listen on, in a volume both containers mount.
+        #[arg(long)]
+        socket: PathBuf,
+    },
     /// Copy this binary to PATH, for an init container that adds tether to
     /// another image (see docs/exec.md).
     Install {
@@ -180,6 +189,7 @@ pub fn main() -> ExitCode {
         Command::Run(args) => runtime.block_on(run(&args)),
         Command::Demo(args) => runtime.block_on(demo(&args)),
         Command::Install { path } => install(&path),
+        Command::Launcher { socket } => runtime.block_on(launcher(&socket)),
     };
     // A credential plugin that hangs keeps its blocking thread; dropping the
     // runtime would wait for it. Give the rest a moment, and leave it.
@@ -223,6 +233,21 @@ async fn run(args: &RunArgs) -> ExitCode {
     match Daemon::start(config).await {
         Ok(daemon) => ExitCode::from(daemon.run_until_signalled(signals).await),
         Err(err) => start_failed(&err, "admin.address in the config"),
+    }
+}
+
+async fn launcher(socket: &std::path::Path) -> ExitCode {
+    // As PID 1 in the controller's container, orphans are ours to reap.
+    crate::managers::reaper::start_if_init();
+    match exec::serve_launcher(socket).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!(
+                "tether launcher: cannot serve on {}: {err}",
+                socket.display()
+            );
+            ExitCode::from(2)
+        }
     }
 }
 

@@ -183,6 +183,25 @@ fn write_exec(out: &mut String, exec: &crate::config::ExecSpec) {
         let _ = writeln!(out, "  working directory {}", dir.display());
     }
     let _ = writeln!(out, "  TETHER_CYCLE=<the cycle number> in its environment");
+    if let Some(socket) = &exec.launcher {
+        let _ = writeln!(
+            out,
+            "  started in another container by `tether launcher --socket {}`, which finds the program there",
+            socket.display()
+        );
+    }
+    if let Some(account) = &exec.service_account {
+        let _ = writeln!(
+            out,
+            "  KUBECONFIG: the home cluster as ServiceAccount {}/{}, whose tokens tether requests ({} each, replaced at 80%)",
+            account
+                .namespace
+                .as_deref()
+                .unwrap_or("<tether's namespace>"),
+            account.name,
+            human::exact(account.expiration)
+        );
+    }
     match &exec.readiness {
         Some(r) => {
             let _ = writeln!(
@@ -201,10 +220,22 @@ fn write_exec(out: &mut String, exec: &crate::config::ExecSpec) {
     }
     let _ = writeln!(
         out,
-        "  a cycle's end sends {} to the group, then SIGKILL after {}; the loss of any remote ends the cycle",
+        "  a cycle's end sends {} to the group, then SIGKILL after {}; the loss of a required remote ends the cycle",
         exec.stop_signal,
         human::exact(exec.grace_period)
     );
+    let _ = if exec.follows_remotes_file {
+        writeln!(
+            out,
+            "  an optional remote lost, or a remote added, removed or read anew, is told in TETHER_REMOTES_FILE, with no restart"
+        )
+    } else {
+        writeln!(
+            out,
+            "  an optional remote lost restarts the process without it, and it is put back after {} reachable",
+            human::exact(exec.put_back_after)
+        )
+    };
 }
 
 /// The probe identities and the names each one answers for.

@@ -54,6 +54,13 @@ pub const READINESS_PERIOD: Duration = Duration::from_secs(1);
 /// long, 24 an hour.
 pub const PUT_BACK_AFTER: Duration = Duration::from_secs(300);
 
+/// `manager.exec.serviceAccount.expiration`: as long as a projected
+/// ServiceAccount token's, which the kubelet also replaces at 80%.
+pub const TOKEN_EXPIRATION: Duration = Duration::from_secs(3600);
+
+/// The shortest token the TokenRequest API gives.
+pub const TOKEN_EXPIRATION_MIN: Duration = Duration::from_secs(600);
+
 /// `manager.exec.readiness.failureThreshold`.
 pub const READINESS_FAILURE_THRESHOLD: u32 = 3;
 

@@ -44,7 +44,7 @@ pub use self::discovery::{DiscoverySpec, SecretFormat};
 pub use self::plan::Plan;
 pub use self::spec::{
     ExecSpec, LeaderElectionSpec, ReadinessSpec, RemoteSource, RemoteSpec, SecretSource,
-    ShardingSpec, StopSignal, WatchSpec, WholeSeconds,
+    ServiceAccountSpec, ShardingSpec, StopSignal, WatchSpec, WholeSeconds,
 };
 
 /// A configuration error: the file, the field path and what is wrong.
@@ -534,6 +534,53 @@ mod tests {
         assert_eq!(spec.put_back_after, Duration::from_secs(30));
         let err = parse(&exec(", putBackAfter: 0s")).expect_err("a zero hold");
         assert_eq!(err.field, "manager.exec.putBackAfter", "{err}");
+    }
+
+    #[test]
+    fn a_launcher_and_a_service_account_are_checked_field_by_field() {
+        let exec = |extra: &str| format!("{REMOTE}manager: {{exec: {{command: [x]{extra}}}}}\n");
+        let launcher = ", launcher: {socket: /run/l/launcher.sock}";
+        let spec = parse(&exec(&format!(
+            "{launcher}, serviceAccount: {{name: my-controller}}"
+        )))
+        .expect("valid")
+        .exec
+        .expect("exec");
+        assert_eq!(
+            spec.launcher.as_deref(),
+            Some(std::path::Path::new("/run/l/launcher.sock"))
+        );
+        let account = spec.service_account.expect("an account");
+        assert_eq!(
+            (account.name.as_str(), account.namespace, account.expiration),
+            ("my-controller", None, defaults::TOKEN_EXPIRATION)
+        );
+        for (extra, field) in [
+            (
+                ", serviceAccount: {name: my-controller}".to_owned(),
+                "manager.exec.serviceAccount",
+            ),
+            (", launcher: {}".to_owned(), "manager.exec.launcher.socket"),
+            (
+                format!(", launcher: {{socket: /{}}}", "s".repeat(120)),
+                "manager.exec.launcher.socket",
+            ),
+            (
+                format!("{launcher}, serviceAccount: {{name: My_Controller}}"),
+                "manager.exec.serviceAccount.name",
+            ),
+            (
+                format!("{launcher}, serviceAccount: {{name: c, namespace: a.b}}"),
+                "manager.exec.serviceAccount.namespace",
+            ),
+            (
+                format!("{launcher}, serviceAccount: {{name: c, expiration: 5m}}"),
+                "manager.exec.serviceAccount.expiration",
+            ),
+        ] {
+            let err = parse(&exec(&extra)).expect_err(&extra);
+            assert_eq!(err.field, field, "{extra}: {err}");
+        }
     }
 
     #[test]

@@ -70,6 +70,22 @@ pub(super) struct RawExec {
     pub(super) grace_period: Option<String>,
     pub(super) follows_remotes_file: Option<bool>,
     pub(super) put_back_after: Option<String>,
+    pub(super) launcher: Option<RawLauncher>,
+    pub(super) service_account: Option<RawServiceAccount>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(super) struct RawLauncher {
+    pub(super) socket: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(super) struct RawServiceAccount {
+    pub(super) name: Option<String>,
+    pub(super) namespace: Option<String>,
+    pub(super) expiration: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

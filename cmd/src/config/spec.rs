@@ -229,6 +229,25 @@ pub struct ExecSpec {
     /// out for its loss must stay reachable before the process is
     /// restarted with it.
     pub put_back_after: Duration,
+    /// Where `tether launcher` listens, in another container: the process
+    /// is started there, out of reach of tether's credentials; `None`:
+    /// tether starts it itself.
+    pub launcher: Option<PathBuf>,
+    /// The process's own ServiceAccount at home: tether requests its
+    /// tokens and writes a kubeconfig for it (`KUBECONFIG`).
+    pub service_account: Option<ServiceAccountSpec>,
+}
+
+/// The ServiceAccount whose tokens tether requests (TokenRequest) for the
+/// exec manager's process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceAccountSpec {
+    /// Its name.
+    pub name: String,
+    /// Its namespace; `None`: the home cluster's (tether's own, in a pod).
+    pub namespace: Option<String>,
+    /// How long each token is asked to last; it is replaced at 80% of that.
+    pub expiration: Duration,
 }
 
 impl ExecSpec {
@@ -248,6 +267,8 @@ impl ExecSpec {
             grace_period: defaults::grace_period(supervisor, election),
             follows_remotes_file: false,
             put_back_after: defaults::PUT_BACK_AFTER,
+            launcher: None,
+            service_account: None,
         }
     }
 }

@@ -401,9 +401,9 @@ pub(super) fn lease_error(
 }
 
 /// The exec manager's command, if it is one, must be a program that can be
-/// run.
+/// run; in a launcher's container, it is the launcher that says.
 pub(super) fn exec_command(config: &Config) -> Result<(), StartError> {
-    let Some(exec) = &config.exec else {
+    let Some(exec) = config.exec.as_ref().filter(|e| e.launcher.is_none()) else {
         return Ok(());
     };
     exec::find_command(exec).map(drop).map_err(|err| {

@@ -5,9 +5,10 @@ use super::Checker;
 use crate::config::raw::{RawLeaderElection, RawSharding};
 use crate::config::{ConfigError, LeaderElectionSpec, ShardingSpec, WholeSeconds, defaults};
 
-/// A Lease name: a DNS subdomain, at most 253 lower-case letters, digits,
-/// '-' and '.', starting and ending with a letter or digit.
-fn valid_lease_name(name: &str) -> bool {
+/// A DNS subdomain, as a Lease's or a ServiceAccount's name: at most 253
+/// lower-case letters, digits, '-' and '.', starting and ending with a
+/// letter or digit.
+pub(super) fn valid_subdomain(name: &str) -> bool {
     let alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
     !name.is_empty()
         && name.len() <= 253
@@ -34,7 +35,7 @@ impl Checker<'_> {
         let lease_name = raw
             .lease_name
             .unwrap_or_else(|| defaults::LEASE_NAME.to_owned());
-        if !valid_lease_name(&lease_name) {
+        if !valid_subdomain(&lease_name) {
             return Err(self.error(
                 field("leaseName"),
                 format!(
@@ -129,7 +130,7 @@ impl Checker<'_> {
             .lease_prefix
             .unwrap_or_else(|| defaults::SHARD_LEASE_PREFIX.to_owned());
         // The Lease is `<prefix>-<identity>`, and the prefix is a label value.
-        if !valid_lease_name(&lease_prefix) || lease_prefix.len() > 40 {
+        if !valid_subdomain(&lease_prefix) || lease_prefix.len() > 40 {
             return Err(self.error(
                 "sharding.leasePrefix",
                 format!(
@@ -138,7 +139,7 @@ impl Checker<'_> {
             ));
         }
         if let Some(identity) = election.and_then(|e| e.identity.as_deref())
-            && !(valid_lease_name(identity) && identity.len() <= identity_room(&lease_prefix))
+            && !(valid_subdomain(identity) && identity.len() <= identity_room(&lease_prefix))
         {
             return Err(self.error(
                 "leaderElection.identity",

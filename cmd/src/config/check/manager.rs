@@ -2,12 +2,19 @@
 //! readiness and grace period.
 
 use super::{Checker, kept};
-use crate::config::raw::{RawExec, RawReadiness, RawWatch};
+use std::path::PathBuf;
+
+use super::lease::valid_subdomain;
+use crate::config::raw::{RawExec, RawLauncher, RawReadiness, RawServiceAccount, RawWatch};
 use crate::config::spec::KNOWN_KINDS;
 use crate::config::{
-    ConfigError, ExecSpec, LeaderElectionSpec, ReadinessSpec, StopSignal, SupervisorConfig,
-    WatchSpec, defaults, selector,
+    ConfigError, ExecSpec, LeaderElectionSpec, ReadinessSpec, ServiceAccountSpec, StopSignal,
+    SupervisorConfig, WatchSpec, defaults, selector,
 };
+
+/// The longest path a Unix socket's address holds (`sun_path`, without its
+/// NUL).
+const MAX_SOCKET_PATH: usize = 107;
 
 impl Checker<'_> {
     fn readiness(&self, r: RawReadiness) -> Result<ReadinessSpec, ConfigError> {
@@ -66,6 +73,66 @@ impl Checker<'_> {
         })
     }
 
+    /// `manager.exec.launcher.socket`: a path a Unix socket's address
+    /// holds.
+    fn launcher(&self, raw: RawLauncher) -> Result<PathBuf, ConfigError> {
+        let socket = raw.socket.filter(|s| !s.is_empty()).ok_or_else(|| {
+            self.error(
+                "manager.exec.launcher.socket",
+                "is required: the path `tether launcher --socket` listens on",
+            )
+        })?;
+        let path = self.base.join(&socket);
+        if path.as_os_str().len() > MAX_SOCKET_PATH {
+            return Err(self.error(
+                "manager.exec.launcher.socket",
+                format!(
+                    "{} is longer than the {MAX_SOCKET_PATH} bytes a Unix socket's path may have",
+                    path.display()
+                ),
+            ));
+        }
+        Ok(path)
+    }
+
+    fn service_account(&self, raw: RawServiceAccount) -> Result<ServiceAccountSpec, ConfigError> {
+        let name = raw.name.unwrap_or_default();
+        if !valid_subdomain(&name) {
+            return Err(self.error(
+                "manager.exec.serviceAccount.name",
+                format!("{name:?} is not a ServiceAccount name (a DNS subdomain)"),
+            ));
+        }
+        let namespace = raw.namespace.filter(|ns| !ns.is_empty());
+        if let Some(ns) = &namespace
+            && !(valid_subdomain(ns) && ns.len() <= 63 && !ns.contains('.'))
+        {
+            return Err(self.error(
+                "manager.exec.serviceAccount.namespace",
+                format!("{ns:?} is not a namespace name (a DNS label)"),
+            ));
+        }
+        let expiration = self.duration(
+            "manager.exec.serviceAccount.expiration",
+            raw.expiration.as_ref(),
+            defaults::TOKEN_EXPIRATION,
+        )?;
+        if expiration < defaults::TOKEN_EXPIRATION_MIN {
+            return Err(self.error(
+                "manager.exec.serviceAccount.expiration",
+                format!(
+                    "{expiration:?} is shorter than the {:?} the TokenRequest API gives at least",
+                    defaults::TOKEN_EXPIRATION_MIN
+                ),
+            ));
+        }
+        Ok(ServiceAccountSpec {
+            name,
+            namespace,
+            expiration,
+        })
+    }
+
     fn stop_signal(&self, raw: Option<String>) -> Result<StopSignal, ConfigError> {
         let Some(name) = raw else {
             return Ok(StopSignal::Term);
@@ -114,11 +181,23 @@ impl Checker<'_> {
             }
             env.push((name, value));
         }
+        let launcher = raw.launcher.map(|l| self.launcher(l)).transpose()?;
+        let service_account = raw
+            .service_account
+            .map(|s| self.service_account(s))
+            .transpose()?;
+        if service_account.is_some() && launcher.is_none() {
+            return Err(self.error(
+                "manager.exec.serviceAccount",
+                "needs manager.exec.launcher: a process tether starts in its own container can read tether's token, so a token of its own would take nothing from it",
+            ));
+        }
         let working_dir = raw
             .working_dir
             .map(|dir| {
                 let path = self.base.join(&dir);
-                if path.is_dir() {
+                // The launcher's container has its own files.
+                if launcher.is_some() || path.is_dir() {
                     Ok(path)
                 } else {
                     Err(self.error(
@@ -165,6 +244,8 @@ impl Checker<'_> {
             grace_period,
             follows_remotes_file: raw.follows_remotes_file.unwrap_or(false),
             put_back_after,
+            launcher,
+            service_account,
         })
     }
 

@@ -14,7 +14,7 @@ use crate::managers::reaper;
 /// How often a stopping group is checked for members left.
 const GROUP_POLL: Duration = Duration::from_millis(20);
 /// How long SIGKILL may take to empty a group before tether goes on.
-const KILL_WAIT: Duration = Duration::from_secs(5);
+pub(super) const KILL_WAIT: Duration = Duration::from_secs(5);
 
 pub(super) fn pid_of(pid: u32) -> Option<Pid> {
     i32::try_from(pid).ok().and_then(Pid::from_raw)
@@ -31,7 +31,7 @@ impl Drop for Group {
 }
 
 impl Group {
-    fn signal(&self, signal: Signal) {
+    pub(super) fn signal(&self, signal: Signal) {
         let _ = rustix::process::kill_process_group(self.0, signal);
     }
 

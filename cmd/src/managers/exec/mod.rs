@@ -37,11 +37,21 @@
 //! long as the manager, since the kernel sends that signal when the
 //! *thread* that forked the child ends.
 //!
+//! With `launcher`, the process runs in another container instead, out of
+//! reach of tether's credentials: `tether launcher` there starts and stops
+//! it as this manager asks, over a Unix socket whose closing is the fence;
+//! with `serviceAccount`, the process reaches the home cluster with tokens
+//! of its own, which tether requests and renews.
+//!
 //! By job:
 //!
 //! - here: the manager, its state and metrics, and what a cycle does;
 //! - `program.rs`: finding the command, and starting it (the child shim,
 //!   and the thread that forks);
+//! - `process.rs`: a run of the process, here or in the launcher's
+//!   container: its wait and its stop;
+//! - `launcher.rs`: `tether launcher`, and tether's side of its socket;
+//! - `home_token.rs`: the process's own home token and kubeconfig;
 //! - `remotes.rs`: what the process is told of its remotes (the variable,
 //!   the file, the discovered clusters' kubeconfigs) and the private
 //!   folder they live in;
@@ -52,7 +62,10 @@
 //!   checks "ready".
 
 mod group;
+mod home_token;
+mod launcher;
 mod left_out;
+mod process;
 mod program;
 mod readiness;
 mod remotes;
@@ -60,7 +73,7 @@ mod remotes;
 use std::collections::BTreeSet;
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::process::{ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
@@ -69,7 +82,6 @@ use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 use rustix::process::Signal;
 use tether_probes::{ProbeSetHandle, Reachability};
 use tether_supervisor::{Cause, CauseKind, CycleToken, ManagerError, ManagerFactory, UsedRemotes};
-use tokio::process::{Child, Command};
 use tokio::sync::watch as channel;
 use tokio::time::Instant;
 use tracing::{info, warn};
@@ -78,10 +90,12 @@ use crate::config::remote::ResolvedRemote;
 use crate::config::{ExecSpec, Plan, StopSignal};
 use crate::lock;
 
-use self::group::{Group, pid_of, stop};
+use self::home_token::HomeToken;
+pub use self::launcher::serve as serve_launcher;
 use self::left_out::{LeftOut, Restart};
+use self::process::{Killer, Process};
 pub use self::program::{CHILD_SHIM, CommandError, become_child, find_command};
-use self::program::{Spawner, spec_program};
+use self::program::{Spawner, Start, spec_program};
 use self::readiness::{Readiness, check};
 pub use self::remotes::REMOTES_FILE_VERSION;
 pub use self::remotes::{Folder, remotes_folder};
@@ -200,8 +214,10 @@ struct Shared {
     dir: Folder,
     /// The tether binary that starts as each child: `/proc/self/exe` in
     /// the daemon.
-    launcher: PathBuf,
+    binary: PathBuf,
     spawner: Spawner,
+    /// Kills the running group at once, while one runs.
+    kill: Mutex<Option<Killer>>,
 }
 
 /// Why the exec manager cannot be set up.
@@ -238,8 +254,9 @@ impl ExecManager {
     /// A manager that runs `spec`, its metrics in `registry`. `plan` names
     /// the remotes (the required ones, and what the process is told), and
     /// `probes` says whether they are reachable. Each process
-    /// starts as `launcher` (the tether binary: `/proc/self/exe` in the
-    /// daemon) in its [`CHILD_SHIM`] role, which becomes the command.
+    /// starts as `binary` (the tether binary: `/proc/self/exe` in the
+    /// daemon) in its [`CHILD_SHIM`] role, which becomes the command; or
+    /// in the launcher's container, when the spec names one.
     ///
     /// # Errors
     ///
@@ -251,7 +268,7 @@ impl ExecManager {
         spec: ExecSpec,
         plan: Plan,
         probes: ProbeSetHandle,
-        launcher: PathBuf,
+        binary: PathBuf,
     ) -> Result<Self, SetupError> {
         let starts = IntCounter::new(
             "tether_manager_process_starts_total",
@@ -283,8 +300,9 @@ impl ExecManager {
                 registry: registry.clone(),
                 starts,
                 dir: remotes_folder()?,
-                launcher,
+                binary,
                 spawner: Spawner::start().map_err(SetupError::Spawner)?,
+                kill: Mutex::new(None),
             }),
         })
     }
@@ -339,8 +357,8 @@ impl ProcessHandle {
 
     /// Sends SIGKILL to the running group at once: the second SIGTERM.
     pub fn kill_now(&self) {
-        if let Some(group) = lock(&self.shared.state).pid.and_then(pid_of) {
-            let _ = rustix::process::kill_process_group(group, Signal::KILL);
+        if let Some(killer) = &*lock(&self.shared.kill) {
+            killer.kill();
         }
     }
 }
@@ -419,6 +437,7 @@ impl Shared {
         });
         exit_code.set(i64::from(code));
         exit_signal.set(i64::from(signal));
+        *lock(&self.kill) = None;
         let mut state = lock(&self.state);
         state.pid = None;
         state.started = None;
@@ -434,7 +453,7 @@ impl Shared {
 /// How one process of a cycle ended.
 enum Ended {
     /// By itself.
-    Exited(std::io::Result<ExitStatus>),
+    Exited(std::io::Result<ExitHow>),
     /// The cycle ended.
     Stopped,
     /// Restarted within the cycle.
@@ -530,39 +549,50 @@ impl Shared {
     }
 
     /// Starts the process of `cycle` on `spec`, told of `listed` through
-    /// `file`: it, its group, its pid, and its mark as tether's own, to
-    /// hold for as long as it runs.
+    /// `file`, and of its own home credentials through `home` (a
+    /// kubeconfig) if it has them.
     async fn spawn(
         &self,
         cycle: &CycleToken,
         spec: &ExecSpec,
         listed: &[&ResolvedRemote],
         file: &Path,
-    ) -> std::io::Result<(Child, Group, u32, crate::managers::reaper::Own)> {
-        let (program, args) = spec
-            .command
-            .split_first()
-            .expect("validation requires a command");
-        let mut command = Command::new(&self.launcher);
-        command
-            .arg(CHILD_SHIM)
-            .arg(rustix::process::getpid().as_raw_nonzero().get().to_string())
-            .arg("--")
-            .arg(program)
-            .args(args)
-            .envs(spec.env.iter().map(|(k, v)| (k, v)))
-            .env("TETHER_CYCLE", cycle.number().to_string())
-            .env("TETHER_REMOTES_FILE", file)
-            .stdin(Stdio::null())
-            .stdout(Stdio::inherit())
-            .stderr(Stdio::inherit())
-            .process_group(0);
+        home: Option<&Path>,
+    ) -> std::io::Result<Process> {
+        let utf8 = |path: &Path| {
+            path.to_str().map(str::to_owned).ok_or_else(|| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!(
+                        "{} is not UTF-8: set TMPDIR to a UTF-8 folder",
+                        path.display()
+                    ),
+                )
+            })
+        };
+        let mut start = Start {
+            version: launcher::VERSION,
+            cycle: cycle.number(),
+            command: spec.command.clone(),
+            env: spec.env.clone(),
+            unset: Vec::new(),
+            working_dir: spec.working_dir.clone(),
+            stop_signal: spec.stop_signal.signal().as_raw(),
+            grace_ms: u64::try_from(spec.grace_period.as_millis()).unwrap_or(u64::MAX),
+        };
+        start
+            .env
+            .push(("TETHER_CYCLE".to_owned(), cycle.number().to_string()));
+        start
+            .env
+            .push(("TETHER_REMOTES_FILE".to_owned(), utf8(file)?));
+        if let Some(home) = home {
+            start.env.push(("KUBECONFIG".to_owned(), utf8(home)?));
+        }
         match remotes_variable(listed) {
-            Ok(names) => {
-                command.env("TETHER_REMOTES", names);
-            }
+            Ok(names) => start.env.push(("TETHER_REMOTES".to_owned(), names)),
             Err(size) => {
-                command.env_remove("TETHER_REMOTES");
+                start.unset.push("TETHER_REMOTES".to_owned());
                 warn!(
                     cycle = cycle.number(),
                     remotes = listed.len(),
@@ -572,16 +602,15 @@ impl Shared {
                 );
             }
         }
-        if let Some(dir) = &spec.working_dir {
-            command.current_dir(dir);
-        }
-        // tether waits for this child itself: the PID 1 reaper leaves it,
-        // and its group's stray members are not escapees.
-        let (child, own) = self.spawner.spawn(command).await?;
-        let pid = child
-            .id()
-            .expect("a child that was not waited for has its id");
-        let group = Group(pid_of(pid).expect("a child's pid is positive"));
+        let process = Process::start(
+            &self.spawner,
+            &self.binary,
+            spec.launcher.as_deref(),
+            &start,
+        )
+        .await?;
+        let pid = process.pid();
+        *lock(&self.kill) = Some(process.killer());
         self.starts.inc();
         {
             let mut state = lock(&self.state);
@@ -590,8 +619,43 @@ impl Shared {
             state.started = Some(SystemTime::now());
             state.spawn_error = None;
         }
-        info!(cycle = cycle.number(), pid, remotes = listed.len(), command = %crate::human::command(&spec.command), "manager process started");
-        Ok((child, group, pid, own))
+        // The pid is in the container the process runs in.
+        let started_by = spec.launcher.as_ref().map_or_else(
+            || "tether".to_owned(),
+            |socket| format!("the launcher on {}", socket.display()),
+        );
+        info!(cycle = cycle.number(), pid, remotes = listed.len(), started_by, command = %crate::human::command(&spec.command), "manager process started");
+        Ok(process)
+    }
+
+    /// For a process with a ServiceAccount of its own: its first home
+    /// token, and the task that keeps it renewed for the cycle; the
+    /// kubeconfig to give it.
+    async fn home_token(
+        &self,
+        spec: &ExecSpec,
+    ) -> Result<Option<(PathBuf, AbortOnDrop)>, ManagerError> {
+        let Some(account) = &spec.service_account else {
+            return Ok(None);
+        };
+        let token = HomeToken::start(self.dir.path(), account)
+            .await
+            .map_err(|err| {
+                lock(&self.state).spawn_error = Some(tether_supervisor::error_chain(&err));
+                ManagerError::build(err)
+            })?;
+        let kubeconfig = token.kubeconfig();
+        let renewing = tokio::spawn(token.keep_renewed(account.clone()));
+        Ok(Some((kubeconfig, AbortOnDrop(renewing))))
+    }
+}
+
+/// A task that ends when this is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -646,7 +710,10 @@ impl ManagerFactory for ExecManager {
         // Found here too (`validate` and the start check it first), so that
         // a program removed since is this cycle's build failure, named,
         // rather than the shim's exit code.
-        spec_program(&spec).map_err(fail)?;
+        if spec.launcher.is_none() {
+            spec_program(&spec).map_err(fail)?;
+        }
+        let home = shared.home_token(&spec).await?;
         let running = super::Running::new(&shared.running);
         let mut plans = shared.plans.subscribe();
         let mut transitions = shared.probes.subscribe();
@@ -663,11 +730,17 @@ impl ManagerFactory for ExecManager {
             let (file, mut told) = shared
                 .tell(cycle.number(), &listed, &lost, &running)
                 .map_err(fail)?;
-            // Held until this process is reaped: the PID 1 reaper leaves it.
-            let (mut child, group, pid, _own) = shared
-                .spawn(&cycle, &spec, &listed, &file)
+            let mut process = shared
+                .spawn(
+                    &cycle,
+                    &spec,
+                    &listed,
+                    &file,
+                    home.as_ref().map(|(k, _)| k.as_path()),
+                )
                 .await
                 .map_err(fail)?;
+            let pid = process.pid();
             drop(listed);
             drop(plan);
             let readiness = shared.follow_readiness(&spec, &cycle);
@@ -675,7 +748,7 @@ impl ManagerFactory for ExecManager {
             let ended = loop {
                 let put_back = left_out.next(hold);
                 tokio::select! {
-                    status = child.wait() => break Ended::Exited(status),
+                    how = process.wait() => break Ended::Exited(how),
                     () = cycle.cancelled() => break Ended::Stopped,
                     () = &mut readiness => unreachable!("readiness is followed until the process ends"),
                     // The scopes are the supervisor's; the file says the rest.
@@ -697,7 +770,7 @@ impl ManagerFactory for ExecManager {
                 Ended::Restart(_) | Ended::Stopped => {
                     cycle.set_manager_up(false);
                     let (signal, grace) = (spec.stop_signal.signal(), spec.grace_period);
-                    let how = stop(&mut child, &group, signal, grace).await;
+                    let how = process.stop(signal, grace).await;
                     shared.record_exit(cycle.number(), how, true);
                     let Ended::Restart(why) = ended else {
                         info!(cycle = cycle.number(), pid, exit = %how, "manager process stopped");
@@ -707,9 +780,12 @@ impl ManagerFactory for ExecManager {
                     warn!(cycle = cycle.number(), pid, reason = why.as_str(), left_out = %left_out.names().join(","), "restarting the manager process with its reachable remotes (it does not follow its remotes file)");
                     continue;
                 }
-                Ended::Exited(status) => {
-                    let how = status.map_or(ExitHow::Code(-1), ExitHow::of);
-                    group
+                Ended::Exited(how) => {
+                    let how = how.unwrap_or_else(|err| {
+                        warn!(cycle = cycle.number(), pid, error = %err, "cannot tell how the manager process ended");
+                        ExitHow::Code(-1)
+                    });
+                    process
                         .stop_leftovers(spec.stop_signal.signal(), spec.grace_period)
                         .await;
                     how

@@ -4,8 +4,11 @@
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
 
 use rustix::process::Signal;
+use serde::{Deserialize, Serialize};
 use tokio::process::{Child, Command};
 
 use crate::config::ExecSpec;
@@ -60,6 +63,75 @@ pub fn become_child(args: &[OsString]) -> u8 {
     } else {
         CANNOT_RUN
     }
+}
+
+/// One start of the process: what tether starts itself, and what it asks
+/// a launcher in another container to start.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct Start {
+    /// The launcher protocol's version.
+    pub(super) version: u32,
+    /// The cycle it belongs to, for the logs.
+    pub(super) cycle: u64,
+    /// The argv.
+    pub(super) command: Vec<String>,
+    /// Set in its environment, over what it inherits.
+    pub(super) env: Vec<(String, String)>,
+    /// Removed from its environment.
+    pub(super) unset: Vec<String>,
+    /// Where it starts; `None`: where its starter runs.
+    pub(super) working_dir: Option<PathBuf>,
+    /// The signal a stop sends first.
+    pub(super) stop_signal: i32,
+    /// How long after it SIGKILL follows, in milliseconds.
+    pub(super) grace_ms: u64,
+}
+
+impl Start {
+    /// The signal a stop sends first: SIGTERM if it is not one.
+    pub(super) fn stop_signal(&self) -> Signal {
+        crate::config::StopSignal::ALL
+            .iter()
+            .map(|s| s.signal())
+            .find(|s| s.as_raw() == self.stop_signal)
+            .unwrap_or(Signal::TERM)
+    }
+
+    /// How long after the stop signal SIGKILL follows.
+    pub(super) fn grace(&self) -> Duration {
+        Duration::from_millis(self.grace_ms)
+    }
+}
+
+/// The command that starts `start` as `binary` (the tether binary) in its
+/// [`CHILD_SHIM`] role, asking to die with `parent` (the starter's pid): in
+/// a process group of its own, stdin from `/dev/null`, stdout and stderr
+/// its starter's.
+pub(super) fn command(binary: &Path, parent: i32, start: &Start) -> Command {
+    let (program, args) = start
+        .command
+        .split_first()
+        .expect("validation requires a command");
+    let mut command = Command::new(binary);
+    command
+        .arg(CHILD_SHIM)
+        .arg(parent.to_string())
+        .arg("--")
+        .arg(program)
+        .args(args)
+        .envs(start.env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(Stdio::inherit())
+        .stderr(Stdio::inherit())
+        .process_group(0);
+    for name in &start.unset {
+        command.env_remove(name);
+    }
+    if let Some(dir) = &start.working_dir {
+        command.current_dir(dir);
+    }
+    command
 }
 
 /// The program `command` runs, as `execvp` would find it: a path with a

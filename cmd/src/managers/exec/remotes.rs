@@ -180,7 +180,7 @@ fn replace_file(path: &Path, body: &[u8]) -> std::io::Result<()> {
 
 /// As [`replace_file`], the file readable and writable by its owner alone
 /// from the start: it holds credentials.
-fn replace_private_file(path: &Path, body: &[u8]) -> std::io::Result<()> {
+pub(super) fn replace_private_file(path: &Path, body: &[u8]) -> std::io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt as _;
 
     let next = path.with_extension("next");
