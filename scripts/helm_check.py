@@ -66,6 +66,9 @@ def check_manager(label, values, pod, config):
     exec_values = values.get("manager", {}).get("exec", {})
     command = exec_values.get("command", [])
     container = pod["containers"][0]
+    if command and exec_values.get("separate", {}).get("enabled"):
+        check_separate(label, values, pod, config)
+        return
     if not command:
         check("manager" not in config and config.get("watch") and "initContainers" not in pod
               and container["name"] == "tether" and "command" not in container,
@@ -94,6 +97,40 @@ def check_manager(label, values, pod, config):
               and container["args"][:3] == ["run", "--config", "/etc/tether/config/config.yaml"]
               and spec.get("command") == command,
               f"{label}: the controller's image runs tether, its command in the config")
+
+
+def check_separate(label, values, pod, config):
+    """The controller in a container of its own: tether's token in tether's
+    container alone, the controller started there by `tether launcher`, and
+    a ServiceAccount of its own whose tokens tether may request."""
+    exec_values = values["manager"]["exec"]
+    tether, controller = pod["containers"]
+    spec = config["manager"]["exec"]
+    socket = "/run/tether-launcher/launcher.sock"
+    mounts = lambda c: {m["name"]: m for m in c.get("volumeMounts", [])}
+    check([tether["name"], controller["name"]] == ["tether", "controller"] and pod["automountServiceAccountToken"] is False,
+          f"{label}: two containers, tether and controller, and no token automounted in either")
+    token = next(v for v in pod["volumes"] if v["name"] == "tether-token")
+    sources = token["projected"]["sources"]
+    check(mounts(tether)["tether-token"]["mountPath"] == "/var/run/secrets/kubernetes.io/serviceaccount"
+          and any("serviceAccountToken" in s for s in sources) and "tether-token" not in mounts(controller)
+          and not any(m["mountPath"].startswith("/var/run/secrets") for m in controller.get("volumeMounts", [])),
+          f"{label}: the service account token is mounted in tether's container alone")
+    check(mounts(tether)["exchange"]["mountPath"] == "/run/tether" and mounts(controller)["exchange"] == {"name": "exchange", "mountPath": "/run/tether", "readOnly": True}
+          and {"name": "TMPDIR", "value": "/run/tether"} in tether["env"]
+          and all(v["emptyDir"].get("medium") == "Memory" for v in pod["volumes"] if v["name"] in ("exchange", "launcher")),
+          f"{label}: the remotes file and kubeconfigs go in an in-memory volume the controller reads, read-only")
+    check(controller["command"][1:4] == ["launcher", "--socket", socket] and spec.get("launcher") == {"socket": socket}
+          and spec.get("command") == exec_values["command"] and controller["securityContext"]["readOnlyRootFilesystem"] is True
+          and controller["securityContext"]["capabilities"]["drop"] == ["ALL"],
+          f"{label}: the controller's container runs tether launcher, and tether's config names its socket and the command")
+    account = config["manager"]["exec"]["serviceAccount"]["name"]
+    docs = render(values)
+    role = next(d for d in docs if d["kind"] == "Role" and d["metadata"]["name"].endswith("-controller-token"))
+    accounts = [d for d in docs if d["kind"] == "ServiceAccount" and d["metadata"]["name"] == account]
+    check(role["rules"] == [{"apiGroups": [""], "resources": ["serviceaccounts/token"], "resourceNames": [account], "verbs": ["create"]}]
+          and len(accounts) == 1 and accounts[0]["automountServiceAccountToken"] is False,
+          f"{label}: tether may request tokens for the controller's ServiceAccount {account}, and for no other")
 
 
 def main():
@@ -132,6 +169,10 @@ def main():
         ]},
         "exec, tether added to an image": {"remotes": [remote], "manager": {"exec": {"command": MIRROR,
                                                                                       "image": {"repository": "registry.example.com/mirror-controller", "tag": "v0.1.0"}}}},
+        "exec, the controller in a container of its own": {
+            "discovery": [{"secrets": {"namespace": "argocd", "format": "argocd"}}],
+            "manager": {"exec": {"command": MIRROR, "followsRemotesFile": True, "separate": {"enabled": True},
+                                 "image": {"repository": "registry.example.com/mirror-controller", "tag": "v0.1.0"}}}},
     }
     # The README's quickstart values, as written there, are a case too.
     readme = (ROOT / "README.md").read_text()
@@ -167,7 +208,8 @@ def main():
         elected = replicas > 1
         events = values.get("events", {}).get("enabled", True)
         discovery = values.get("discovery", [])
-        check(pod["automountServiceAccountToken"] == (bool(values.get("homeCluster", {}).get("watch")) or bool(discovery) or elected or events),
+        separate = bool(values.get("manager", {}).get("exec", {}).get("separate", {}).get("enabled"))
+        check(pod["automountServiceAccountToken"] == ((bool(values.get("homeCluster", {}).get("watch")) or bool(discovery) or elected or events) and not separate),
               f"{label}: the service account token is mounted only when the home cluster is watched or its Secrets read, a Lease is elected on, or Events are recorded")
         namespaces = sorted({d["secrets"]["namespace"] for d in discovery})
         reads = [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"].endswith("-discovery")]

@@ -22,6 +22,20 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- default (include "tether.fullname" .) .Values.serviceAccount.name -}}
 {{- end -}}
 
+{{/* Whether the controller runs in a container of its own, without
+tether's token: the exec manager's process, started there by `tether
+launcher`. */}}
+{{- define "tether.separate" -}}
+{{- and .Values.manager.exec.command .Values.manager.exec.separate.enabled | toString -}}
+{{- end -}}
+
+{{- define "tether.controllerServiceAccountName" -}}
+{{- default (printf "%s-controller" (include "tether.fullname" .)) .Values.manager.exec.separate.serviceAccount.name -}}
+{{- end -}}
+
+{{/* Where the launcher listens, in a volume both containers mount. */}}
+{{- define "tether.launcherSocket" -}}/run/tether-launcher/launcher.sock{{- end -}}
+
 {{/* tether's config file: the values' config, the admin port, and one
 remote per Secret. */}}
 {{/* Whether leader election's settings are on: as set, or when
@@ -56,7 +70,12 @@ replicaCount > 1; always with sharding, which uses them. */}}
 {{- if $exec.gracePeriod }}{{ $_ := set $spec "gracePeriod" $exec.gracePeriod }}{{ end -}}
 {{- if $exec.followsRemotesFile }}{{ $_ := set $spec "followsRemotesFile" true }}{{ end -}}
 {{- if $exec.putBackAfter }}{{ $_ := set $spec "putBackAfter" $exec.putBackAfter }}{{ end -}}
-{{- if not $exec.image.repository }}{{ $_ := set $spec "command" $exec.command }}{{ end -}}
+{{- $separate := eq (include "tether.separate" .) "true" -}}
+{{- if or $separate (not $exec.image.repository) }}{{ $_ := set $spec "command" $exec.command }}{{ end -}}
+{{- if $separate -}}
+{{- $_ := set $spec "launcher" (dict "socket" (include "tether.launcherSocket" .)) -}}
+{{- $_ := set $spec "serviceAccount" (dict "name" (include "tether.controllerServiceAccountName" .) "expiration" $exec.separate.tokenExpiration) -}}
+{{- end -}}
 {{- if $exec.env }}{{ $_ := set $spec "env" $exec.env }}{{ end -}}
 {{- if $exec.readiness }}{{ $_ := set $spec "readiness" $exec.readiness }}{{ end -}}
 {{- $_ := set $config "manager" (dict "exec" $spec) -}}

@@ -6,8 +6,9 @@
 //! One node and its two remotes serve every part, in order (the node starts
 //! in seconds, but its images' imports and the remotes add up): the
 //! README's quickstart as written, a lost and recovered remote,
-//! a rotated Secret, three replicas with leader election, and the exec
-//! manager both ways the chart offers. Each part prints what it measured.
+//! a rotated Secret, three replicas with leader election, the exec
+//! manager both ways the chart offers, and the controller in a container
+//! of its own, without tether's rights. Each part prints what it measured.
 
 mod common;
 
@@ -45,6 +46,7 @@ async fn tether_runs_as_a_pod_on_a_real_node() {
     for way in [Way::InTheImage, Way::CopiedIn] {
         exec_manager(&kube, &a, way).await;
     }
+    separate_controller(&kube, &a, &b).await;
     drop(node);
 }
 
@@ -343,7 +345,7 @@ manager:
         );
     }
 
-    let took = mirrored(kube, a, ns, &pods[0]).await;
+    let took = mirrored(kube, (a, "cluster-a"), ns, &pods[0], "").await;
     println!("exec ({way:?}): a labelled ConfigMap mirrored in {took:.1?}");
     let pods_now = kube.pods(ns, ns);
     assert_eq!(pods_now.len(), 1);
@@ -351,11 +353,19 @@ manager:
     kube.helm(&["uninstall", ns, "-n", ns, "--wait"]);
 }
 
-/// Labels a new ConfigMap in cluster-a for mirroring, and waits until
-/// the controller in `pod` has written its mirror into `ns` at home.
-async fn mirrored(kube: &Kube, a: &ControlPlane, ns: &str, pod: &str) -> Duration {
+/// Labels a new ConfigMap in `plane` (the remote `name`) for mirroring,
+/// and waits until the controller in `pod` has written its mirror,
+/// `<prefix>default-<ConfigMap>`, into `ns` at home.
+async fn mirrored(
+    kube: &Kube,
+    (plane, name): (&ControlPlane, &str),
+    ns: &str,
+    pod: &str,
+    prefix: &str,
+) -> Duration {
+    let from = name;
     let remote = tempfile::NamedTempFile::new().expect("temp file");
-    a.kubeconfig().write(remote.path()).expect("kubeconfig");
+    plane.kubeconfig().write(remote.path()).expect("kubeconfig");
     let name = format!("seen-by-{ns}");
     kube.kubectl(&[
         "--kubeconfig",
@@ -365,7 +375,7 @@ async fn mirrored(kube: &Kube, a: &ControlPlane, ns: &str, pod: &str) -> Duratio
         "create",
         "configmap",
         &name,
-        "--from-literal=from=cluster-a",
+        &format!("--from-literal=from={from}"),
     ]);
     kube.kubectl(&[
         "--kubeconfig",
@@ -378,7 +388,7 @@ async fn mirrored(kube: &Kube, a: &ControlPlane, ns: &str, pod: &str) -> Duratio
         "tether.test/mirror=yes",
     ]);
     let (_, took) = poll(
-        "the controller mirrors cluster-a's ConfigMap at home",
+        &format!("the controller mirrors {from}'s ConfigMap at home"),
         Duration::from_secs(60),
         || {
             kube.try_run(
@@ -388,21 +398,229 @@ async fn mirrored(kube: &Kube, a: &ControlPlane, ns: &str, pod: &str) -> Duratio
                     ns,
                     "get",
                     "configmap",
-                    &format!("default-{name}"),
+                    &format!("{prefix}default-{name}"),
                     "-o",
                     "jsonpath={.data.from}",
                 ],
             )
             .ok()
-            .filter(|from| from == "cluster-a")
+            .filter(|mirrored| mirrored == from)
         },
         || {
-            kube.try_run("kubectl", &["-n", ns, "logs", pod])
+            kube.try_run("kubectl", &["-n", ns, "logs", pod, "--all-containers"])
                 .unwrap_or_else(|e| e)
         },
     )
     .await;
     took
+}
+
+/// The controller in a container of its own (`manager.exec.separate`):
+/// tether discovers cluster-a from an Argo CD cluster Secret (so its
+/// service account reads every Secret of `argocd`, `argocd-secret` among
+/// them) and has cluster-b from a Secret of its own. The fleet-mode
+/// controller, in the other container, mirrors from both as its own
+/// ServiceAccount, and every credential it finds in its container (its
+/// environment, every file) gets 401 or 403 for `argocd-secret`.
+async fn separate_controller(kube: &Kube, a: &ControlPlane, b: &ControlPlane) {
+    const NS: &str = "separate";
+    kube.secrets(NS, &[("cluster-b", b)]);
+    kube.kubectl(&["create", "namespace", "argocd"]);
+    kube.kubectl(&[
+        "-n",
+        "argocd",
+        "create",
+        "secret",
+        "generic",
+        "argocd-secret",
+        "--from-literal=admin.password=for-argo-cd-alone",
+    ]);
+    argocd_cluster(kube, "cluster-a", a);
+    // The controller's own RBAC, bound to the ServiceAccount the chart
+    // makes for it: its mirrors, in its namespace.
+    let controller = format!("{NS}:{NS}-tether-controller");
+    kube.kubectl(&[
+        "-n",
+        NS,
+        "create",
+        "role",
+        "mirror",
+        "--verb=get,list,watch,create,update,patch,delete",
+        "--resource=configmaps",
+    ]);
+    kube.kubectl(&[
+        "-n",
+        NS,
+        "create",
+        "rolebinding",
+        "mirror",
+        "--role=mirror",
+        &format!("--serviceaccount={controller}"),
+    ]);
+    install(
+        kube,
+        NS,
+        &format!(
+            "image: {{repository: localhost/tether}}
+remotes:
+  - {{name: cluster-b, secretName: tether-cluster-b}}
+discovery:
+  - secrets: {{namespace: argocd, format: argocd}}
+manager:
+  exec:
+    command: [/mirror-controller, --fleet, --namespace, {NS}, --audit-secret, argocd/argocd-secret]
+    followsRemotesFile: true
+    readiness: {{httpGet: {{port: 8081, path: /readyz}}, period: 1s, timeout: 1s, failureThreshold: 3}}
+    image: {{repository: localhost/mirror-controller, tag: test}}
+    separate: {{enabled: true}}
+"
+        ),
+    );
+    let (pods, took) = all_ready(kube, NS, 1).await;
+    println!("separate: helm install to Ready in {took:.1?}");
+    let pod = &pods[0];
+
+    // tether's own service account may read argocd-secret: what the
+    // controller must not reach.
+    let tether_can = kube.kubectl(&[
+        "auth",
+        "can-i",
+        "get",
+        "secret/argocd-secret",
+        "-n",
+        "argocd",
+        &format!("--as=system:serviceaccount:{NS}:{NS}-tether"),
+    ]);
+    assert_eq!(tether_can.trim(), "yes", "tether's own rights");
+    // It may request tokens for the controller's ServiceAccount alone
+    // (`can-i` prints no, and exits 1, for a no).
+    for (account, allowed) in [
+        (format!("{NS}-tether-controller"), "yes"),
+        ("default".to_owned(), "no"),
+    ] {
+        let out = kube
+            .command("kubectl")
+            .args([
+                "auth",
+                "can-i",
+                "create",
+                &format!("serviceaccounts/{account}"),
+                "--subresource=token",
+                "-n",
+                NS,
+                &format!("--as=system:serviceaccount:{NS}:{NS}-tether"),
+            ])
+            .output()
+            .expect("kubectl runs");
+        let answer = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            answer.trim(),
+            allowed,
+            "tether may request a token for {account}: {answer}"
+        );
+    }
+
+    credentials_refused(kube, NS, pod).await;
+
+    let took = mirrored(kube, (a, "cluster-a"), NS, pod, "cluster-a-").await;
+    println!("separate: cluster-a's (discovered) ConfigMap mirrored in {took:.1?}");
+    let took = mirrored(kube, (b, "cluster-b"), NS, pod, "cluster-b-").await;
+    println!("separate: cluster-b's ConfigMap mirrored in {took:.1?}");
+    let now = kube.pods(NS, NS);
+    assert_eq!(now.len(), 1);
+    assert_eq!(now[0].restarts, 0, "no restart of either container");
+    kube.helm(&["uninstall", NS, "-n", NS, "--wait"]);
+}
+
+/// The controller's credential audit (`--audit-secret`), from its log:
+/// every credential found in its container, its own among them, gets 401
+/// or 403 for `argocd-secret`, and no service account token is there.
+async fn credentials_refused(kube: &Kube, ns: &str, pod: &str) {
+    let audit = poll(
+        "the controller's credential audit",
+        READY_WITHIN,
+        || {
+            let log = kube
+                .try_run("kubectl", &["-n", ns, "logs", pod, "-c", "controller"])
+                .ok()?;
+            log.contains("credential audit done").then_some(log)
+        },
+        || {
+            kube.try_run("kubectl", &["-n", ns, "logs", pod, "--all-containers"])
+                .unwrap_or_else(|e| e)
+        },
+    )
+    .await
+    .0;
+    let tried: Vec<(String, String)> = audit
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|event| event["msg"] == "credential tried")
+        .map(|event| {
+            (
+                event["source"].as_str().unwrap_or_default().to_owned(),
+                event["status"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    println!(
+        "separate: the controller tried {} credentials for argocd-secret:",
+        tried.len()
+    );
+    for (source, status) in &tried {
+        println!("    {status}  {source}");
+    }
+    assert!(
+        tried
+            .iter()
+            .all(|(_, status)| status == "401" || status == "403"),
+        "every credential in the controller's container is refused argocd-secret: {tried:?}"
+    );
+    let found = |what: &str| tried.iter().any(|(source, _)| source.contains(what));
+    assert!(
+        found(".home-kubeconfig") && found(".home-token"),
+        "it found its own home credentials: {tried:?}"
+    );
+    assert!(
+        tried
+            .iter()
+            .any(|(source, status)| source.contains(".home-token") && status == "403"),
+        "as its own ServiceAccount, it is known and refused (403): {tried:?}"
+    );
+    assert!(
+        found("/run/tether/")
+            && found("cluster-a.kubeconfig")
+            && found("/etc/tether/remotes/cluster-b/"),
+        "it found the remotes' kubeconfigs, discovered and static: {tried:?}"
+    );
+    assert!(
+        !found("/var/run/secrets"),
+        "no service account token in its container: {tried:?}"
+    );
+}
+
+/// An Argo CD cluster Secret in `argocd` for `plane`, named `name`.
+fn argocd_cluster(kube: &Kube, name: &str, plane: &ControlPlane) {
+    use base64::Engine as _;
+    let config = serde_json::json!({
+        "bearerToken": plane.token(),
+        "tlsClientConfig": {
+            "caData": base64::engine::general_purpose::STANDARD.encode(plane.ca_pem()),
+        },
+    });
+    let secret = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": name,
+            "namespace": "argocd",
+            "labels": {"argocd.argoproj.io/secret-type": "cluster"},
+        },
+        "stringData": {"name": name, "server": plane.url(), "config": config.to_string()},
+    });
+    let file = tempfile::NamedTempFile::new().expect("temp file");
+    std::fs::write(file.path(), secret.to_string()).expect("secret");
+    kube.kubectl(&["apply", "-f", file.path().to_str().expect("UTF-8")]);
 }
 
 /// `helm install <namespace> <chart> -n <namespace> -f <values>`: the

@@ -19,6 +19,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -56,8 +57,18 @@ func main() {
 	probes := flag.String("health-probe-bind-address", "127.0.0.1:8081", "where /healthz and /readyz are served")
 	metrics := flag.String("metrics-bind-address", "0", "where /metrics is served (0: off)")
 	inFleet := flag.Bool("fleet", false, "mirror every reachable remote of $TETHER_REMOTES_FILE, following it as tether rewrites it (followsRemotesFile: true)")
+	auditSecret := flag.String("audit-secret", "", "namespace/name: at start, ask the home cluster for this Secret with every credential found in this container, and log what each got")
 	flag.Parse()
 	ctrl.SetLogger(zap.New(zap.UseDevMode(false)))
+	if *auditSecret != "" {
+		namespace, name, ok := strings.Cut(*auditSecret, "/")
+		homeConfig, err := homeRestConfig(*home)
+		if !ok || err != nil {
+			fmt.Fprintln(os.Stderr, "mirror-controller: --audit-secret wants namespace/name, and a home cluster:", err)
+			os.Exit(2)
+		}
+		audit(homeConfig, namespace, name)
+	}
 	if *named != "" {
 		path, err := fromTether(*named)
 		if err != nil {
@@ -145,7 +156,7 @@ func run(home, remote, into, probes, metrics string) error {
 // namespace mirrors are written into, so a Role there is all the RBAC the
 // controller needs at home.
 func homeManager(home, into, probes, metrics string) (ctrl.Manager, error) {
-	homeConfig, err := clientcmd.BuildConfigFromFlags("", home)
+	homeConfig, err := homeRestConfig(home)
 	if err != nil {
 		return nil, fmt.Errorf("home kubeconfig: %w", err)
 	}
@@ -159,6 +170,16 @@ func homeManager(home, into, probes, metrics string) (ctrl.Manager, error) {
 		return nil, fmt.Errorf("manager: %w", err)
 	}
 	return mgr, mgr.AddHealthzCheck("ping", healthz.Ping)
+}
+
+// homeRestConfig is the home cluster's config: the kubeconfig given, else as
+// controller-runtime finds it ($KUBECONFIG, which tether sets for a
+// controller with a ServiceAccount of its own, then in-cluster).
+func homeRestConfig(home string) (*rest.Config, error) {
+	if home != "" {
+		return clientcmd.BuildConfigFromFlags("", home)
+	}
+	return ctrl.GetConfig()
 }
 
 // labelled is a remote's cluster, whose cache holds only the ConfigMaps
