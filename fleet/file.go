@@ -23,8 +23,11 @@ type File struct {
 	// Revision grows by one at each file tether writes.
 	Revision uint64 `json:"revision"`
 	// Cycle is the tether cycle the process runs in.
-	Cycle   uint64   `json:"cycle"`
-	Remotes []Remote `json:"remotes"`
+	Cycle uint64 `json:"cycle"`
+	// Instance names this run of the process; an acknowledgement names
+	// it too.
+	Instance string   `json:"instance"`
+	Remotes  []Remote `json:"remotes"`
 }
 
 // Remote is one remote cluster in the file.
@@ -41,6 +44,14 @@ type Remote struct {
 	Kubeconfig string `json:"kubeconfig,omitempty"`
 	// Context is the kubeconfig context to use; empty for its current one.
 	Context string `json:"context,omitempty"`
+}
+
+// Applied is TETHER_APPLIED_FILE, as the Fleet writes it: the last
+// revision of the remotes file whose removed remotes are all disengaged.
+type Applied struct {
+	APIVersion string `json:"apiVersion"`
+	Instance   string `json:"instance"`
+	Revision   uint64 `json:"revision"`
 }
 
 // ReadFile reads and checks the remotes file at path.

@@ -12,10 +12,17 @@
 // controllers under the context Engage gives. A reconciler asks Get for a
 // remote's cluster and gets ErrNotEngaged for one that is lost. ReadyCheck
 // is a readyz check: every engaged cache synced.
+//
+// Once a revision of the file is applied (every remote it no longer runs
+// disengaged, its cluster stopped), the Fleet says so in
+// TETHER_APPLIED_FILE, which tether reads before it lets such a remote go
+// to another replica: with sharding, a remote moves between replicas with
+// no restart.
 package fleet
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -46,6 +53,9 @@ var ErrNotEngaged = errors.New("not engaged")
 type Options struct {
 	// Path is the remotes file; by default $TETHER_REMOTES_FILE.
 	Path string
+	// AppliedPath is where each applied revision is acknowledged; by
+	// default $TETHER_APPLIED_FILE. Empty: none is.
+	AppliedPath string
 	// NewCluster builds a remote's cluster; by default cluster.New.
 	NewCluster func(name string, config *rest.Config) (cluster.Cluster, error)
 	// Engage is called with each new cluster before it starts, and the
@@ -72,6 +82,8 @@ type Fleet struct {
 	mu       sync.RWMutex
 	members  map[string]*member
 	revision atomic.Uint64
+	// The last revision written to AppliedPath.
+	acknowledged atomic.Uint64
 }
 
 type member struct {
@@ -89,6 +101,9 @@ func New(opts Options) (*Fleet, error) {
 	}
 	if opts.Path == "" {
 		return nil, errors.New("fleet: no remotes file: TETHER_REMOTES_FILE is not set (run under tether's exec manager) and Options.Path is empty")
+	}
+	if opts.AppliedPath == "" {
+		opts.AppliedPath = os.Getenv("TETHER_APPLIED_FILE")
 	}
 	if opts.NewCluster == nil {
 		opts.NewCluster = func(_ string, config *rest.Config) (cluster.Cluster, error) {
@@ -156,11 +171,13 @@ func (f *Fleet) Start(ctx context.Context) error {
 }
 
 // apply engages the reachable remotes of file, disengages the others, and
-// replaces those whose generation or kubeconfig changed.
+// replaces those whose generation or kubeconfig changed; then, if every
+// disengaged cluster stopped, acknowledges the revision.
 func (f *Fleet) apply(ctx context.Context, file *File) {
 	if file.Revision < f.revision.Load() {
 		return
 	}
+	stopped := true
 	if file.Revision > f.revision.Load() {
 		f.opts.Log.V(1).Info("remotes file", "revision", file.Revision, "remotes", len(file.Remotes))
 	}
@@ -187,7 +204,7 @@ func (f *Fleet) apply(ctx context.Context, file *File) {
 		} else if listed(file, name) {
 			why = "unreachable"
 		}
-		f.disengage(name, why)
+		stopped = f.disengage(name, why) && stopped
 	}
 	names := make([]string, 0, len(want))
 	for name := range want {
@@ -202,6 +219,29 @@ func (f *Fleet) apply(ctx context.Context, file *File) {
 			f.engage(ctx, want[name])
 		}
 	}
+	if stopped {
+		f.acknowledge(file.Instance, file.Revision)
+	}
+}
+
+// acknowledge writes revision, of the file for instance, to AppliedPath,
+// whole (a file beside it, renamed over), unless it is already there.
+func (f *Fleet) acknowledge(instance string, revision uint64) {
+	if f.opts.AppliedPath == "" || f.acknowledged.Load() == revision {
+		return
+	}
+	body, _ := json.Marshal(Applied{APIVersion: APIVersion, Instance: instance, Revision: revision})
+	next := f.opts.AppliedPath + ".next"
+	if err := os.WriteFile(next, append(body, '\n'), 0o600); err != nil {
+		f.opts.Log.Error(err, "cannot acknowledge the remotes file", "path", f.opts.AppliedPath)
+		return
+	}
+	if err := os.Rename(next, f.opts.AppliedPath); err != nil {
+		f.opts.Log.Error(err, "cannot acknowledge the remotes file", "path", f.opts.AppliedPath)
+		return
+	}
+	f.acknowledged.Store(revision)
+	f.opts.Log.V(1).Info("remotes file applied", "revision", revision)
 }
 
 func listed(file *File, name string) bool {
@@ -259,21 +299,24 @@ func (f *Fleet) engage(parent context.Context, remote Remote) {
 	log.Info("remote engaged")
 }
 
-// disengage cancels name's context and waits for its cluster to stop.
-func (f *Fleet) disengage(name, why string) {
+// disengage cancels name's context and waits for its cluster to stop;
+// whether it did in time.
+func (f *Fleet) disengage(name, why string) bool {
 	f.mu.Lock()
 	m, ok := f.members[name]
 	delete(f.members, name)
 	f.mu.Unlock()
 	if !ok {
-		return
+		return true
 	}
 	m.cancel()
 	select {
 	case <-m.done:
 		f.opts.Log.Info("remote disengaged", "remote", name, "why", why)
+		return true
 	case <-time.After(f.opts.StopTimeout):
 		f.opts.Log.Info("remote disengaged; its cluster did not stop in time", "remote", name, "why", why, "timeout", f.opts.StopTimeout)
+		return false
 	}
 }
 

@@ -77,7 +77,7 @@ func write(t *testing.T, path string, revision uint64, remotes ...Remote) {
 	if remotes == nil {
 		remotes = []Remote{}
 	}
-	body, err := json.Marshal(File{APIVersion: APIVersion, Kind: "Remotes", Revision: revision, Cycle: 1, Remotes: remotes})
+	body, err := json.Marshal(File{APIVersion: APIVersion, Kind: "Remotes", Revision: revision, Cycle: 1, Instance: "run-1", Remotes: remotes})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -245,5 +245,64 @@ func TestStartFailsOnAMissingFileAndNewWithoutOne(t *testing.T) {
 	}
 	if err := fleet.Start(context.Background()); err == nil {
 		t.Fatal("Start on a missing file succeeded")
+	}
+}
+
+// Each revision is acknowledged in the applied file once it is applied: a
+// removed remote's cluster has stopped by the time its revision is there.
+func TestARevisionIsAcknowledgedOnceItsRemovedRemotesHaveStopped(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "remotes.json")
+	applied := filepath.Join(dir, "applied.json")
+	config := kubeconfig(t, dir)
+	a := Remote{Name: "a", Generation: 1, Reachable: true, Kubeconfig: config}
+	write(t, path, 1, a)
+	calls := make(chan engaged, 8)
+	fleet, err := New(Options{
+		Path:        path,
+		AppliedPath: applied,
+		Poll:        100 * time.Millisecond,
+		Engage: func(ctx context.Context, name string, cl cluster.Cluster) error {
+			if _, err := cl.GetCache().GetInformer(ctx, &corev1.ConfigMap{}); err != nil {
+				return err
+			}
+			calls <- engaged{ctx, name, cl}
+			return nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	started := make(chan error, 1)
+	go func() { started <- fleet.Start(ctx) }()
+	revision := func() uint64 {
+		body, err := os.ReadFile(applied)
+		if err != nil {
+			return 0
+		}
+		var ack Applied
+		if err := json.Unmarshal(body, &ack); err != nil || ack.APIVersion != APIVersion || ack.Instance != "run-1" {
+			t.Fatalf("the applied file is not this run's acknowledgement: %q", body)
+		}
+		return ack.Revision
+	}
+	first := next(t, calls, "a, at the start")
+	until(t, "revision 1 acknowledged", func() bool { return revision() == 1 })
+
+	write(t, path, 2)
+	until(t, "revision 2 acknowledged", func() bool { return revision() == 2 })
+	select {
+	case <-first.ctx.Done():
+	default:
+		t.Fatal("revision 2 was acknowledged while a's cluster still ran")
+	}
+	if names := fleet.Names(); len(names) != 0 {
+		t.Fatalf("engaged after its removal was acknowledged: %v", names)
+	}
+	cancel()
+	if err := <-started; err != nil {
+		t.Fatal(err)
 	}
 }

@@ -55,6 +55,18 @@ struct Replica {
 /// A replica named `id`; `in_pod` gives it the downward API's variables, so
 /// it records Events on a Pod of that name where its Leases are.
 fn replica(id: &str, leases: &impl Cluster, remotes: &[Remote], in_pod: bool) -> Replica {
+    replica_with(id, leases, remotes, in_pod, None)
+}
+
+/// As [`replica`], with `manager` for its manager section (default: the
+/// built-in watch manager).
+fn replica_with(
+    id: &str,
+    leases: &impl Cluster,
+    remotes: &[Remote],
+    in_pod: bool,
+    manager: Option<&str>,
+) -> Replica {
     let dir = tempfile::tempdir().expect("temp dir");
     let lease_kubeconfig = dir.path().join("leases.kubeconfig");
     leases
@@ -99,6 +111,7 @@ fn replica(id: &str, leases: &impl Cluster, remotes: &[Remote], in_pod: bool) ->
             kubeconfigs: &kubeconfigs,
             extra: &extra,
             env: if in_pod { &pod } else { &[] },
+            manager,
             ..Shape::default()
         },
     );
@@ -497,5 +510,125 @@ async fn share_the_remotes(leases: &impl Cluster, events: Option<&Path>) {
         "a member stopped: the others took its remotes in {:?}",
         stopped.elapsed()
     );
+    watches.none_twice().await;
+}
+
+/// A replica whose manager is the mirror controller in its fleet mode, on
+/// tether's Go package, following its remotes file (and acknowledging each
+/// revision), with `home` (a kubeconfig) as its home cluster.
+fn follower(id: &str, leases: &impl Cluster, remotes: &[Remote], home: &Path) -> Replica {
+    let health = format!("127.0.0.1:{}", common::free_port());
+    let port = health.rsplit(':').next().expect("a port");
+    let controller = tether_testkit::peer("mirror-controller").expect("scripts/peers built it");
+    let manager = format!(
+        "{{exec: {{command: [{}, --fleet, --home-kubeconfig, {}, \"--health-probe-bind-address={health}\"], \
+         followsRemotesFile: true, gracePeriod: 900ms, \
+         readiness: {{httpGet: {{port: {port}, path: /readyz}}}}}}}}",
+        controller.display(),
+        home.display(),
+    );
+    replica_with(id, leases, remotes, false, Some(&manager))
+}
+
+/// Waits until every remote is watched by its owner in `owners` alone (the
+/// owner's controller engaged it, and no other's holds it).
+async fn watched_by_owners(owners: &BTreeMap<String, String>, remotes: &[Remote]) -> Duration {
+    let started = Instant::now();
+    common::until(
+        "each remote watched by its owner alone",
+        DEADLINE,
+        async || {
+            remotes
+                .iter()
+                .all(|r| {
+                    let by = r.server.open_watches_by();
+                    by.len() == 1 && by.contains_key(&owners[&r.name])
+                })
+                .then(|| started.elapsed())
+        },
+    )
+    .await
+}
+
+/// Processes a replica's exec manager started, and restarted because one
+/// did not let a remote go in time.
+async fn starts(replica: &Replica) -> (f64, f64) {
+    let tether = &replica.tether;
+    (
+        tether
+            .metric("tether_manager_process_starts_total")
+            .await
+            .unwrap_or_default(),
+        tether
+            .metric("tether_manager_process_restarts_total{reason=\"remote_not_released\"}")
+            .await
+            .unwrap_or_default(),
+    )
+}
+
+/// The exec manager with a controller that follows its file: a replica's
+/// join and another's loss move remotes between the controllers one by
+/// one, with no controller restarted and no cycle ended, and the witness
+/// never sees a remote watched by two replicas' controllers at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn controllers_that_follow_their_file_hand_remotes_over_without_a_restart() {
+    let home = common::real_plane(RealOptions::default().name("home")).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let home_kubeconfig = dir.path().join("home.kubeconfig");
+    home.kubeconfig()
+        .write(&home_kubeconfig)
+        .expect("kubeconfig");
+    let remotes = Arc::new(remotes().await);
+    let watches = Watches::start(&remotes);
+    let a = follower("tether-a", &home, &remotes, &home_kubeconfig);
+    let b = follower("tether-b", &home, &remotes, &home_kubeconfig);
+    let (owners, _) = until_settled(&[&a, &b], &remotes).await;
+    let took = watched_by_owners(&owners, &remotes).await;
+    eprintln!(
+        "two followers: every remote watched by its owner's controller {took:?} after the shares settled"
+    );
+    let running = [cycles(&a).await, cycles(&b).await];
+    assert_eq!([starts(&a).await, starts(&b).await], [(1.0, 0.0); 2]);
+
+    // A replica joins: the others' controllers let its remotes go, and
+    // tether gives them up only once each said so.
+    let mut c = follower("tether-c", &home, &remotes, &home_kubeconfig);
+    let joined_at = Instant::now();
+    let (joined, _) = until_settled(&[&a, &b, &c], &remotes).await;
+    let took = watched_by_owners(&joined, &remotes).await;
+    let moved = moved_between(&owners, &joined);
+    eprintln!(
+        "a member joined: {} remotes moved, each watched by its new owner's controller {:?} after the join",
+        moved.len(),
+        joined_at.elapsed()
+    );
+    let _ = took;
+    assert!(!moved.is_empty(), "nothing moved to the new member");
+    ran_on(
+        [&a, &b],
+        &running,
+        "removed",
+        "giving remotes up to a new member",
+    )
+    .await;
+    assert_eq!(
+        [starts(&a).await, starts(&b).await],
+        [(1.0, 0.0); 2],
+        "a controller was restarted for a share that moved"
+    );
+
+    // A replica is lost: its remotes come back to the others' controllers.
+    c.tether.signal("KILL");
+    let _ = c.tether.wait().await;
+    let (after, _) = until_settled(&[&a, &b], &remotes).await;
+    watched_by_owners(&after, &remotes).await;
+    ran_on(
+        [&a, &b],
+        &running,
+        "added",
+        "taking a lost member's remotes",
+    )
+    .await;
+    assert_eq!([starts(&a).await, starts(&b).await], [(1.0, 0.0); 2]);
     watches.none_twice().await;
 }

@@ -18,15 +18,19 @@ pub(super) enum Restart {
     LeftOut,
     /// An optional remote left out stayed reachable for `putBackAfter`.
     PutBack,
+    /// A process that follows its file did not say in time that it let go
+    /// of a remote dropped from it.
+    NotReleased,
 }
 
 impl Restart {
-    pub(super) const ALL: [Self; 2] = [Self::LeftOut, Self::PutBack];
+    pub(super) const ALL: [Self; 3] = [Self::LeftOut, Self::PutBack, Self::NotReleased];
 
     pub(super) const fn as_str(self) -> &'static str {
         match self {
             Self::LeftOut => "remote_left_out",
             Self::PutBack => "remote_put_back",
+            Self::NotReleased => "remote_not_released",
         }
     }
 }

@@ -15,8 +15,10 @@
 //!
 //! - a process that follows its remotes file (`followsRemotesFile`) is
 //!   never restarted for it: the file marks it unreachable, then reachable
-//!   again; a remote added, removed or read anew is written into the file
-//!   in the running cycle too;
+//!   again; a remote added, removed or read anew, or a share moved, is
+//!   written into the file in the running cycle too, and a remote dropped
+//!   from it runs until the process says it let it go
+//!   (`TETHER_APPLIED_FILE`, `leaving.rs`);
 //! - any other process is restarted without it, and restarted with it once
 //!   it has stayed reachable for `putBackAfter`, in the same cycle.
 //!
@@ -28,8 +30,9 @@
 //! `TETHER_REMOTES_FILE` (a versioned JSON file with each one's
 //! kubeconfig, generation and reachability, replaced whole at each change,
 //! in a private folder that a later start removes if this run is killed).
-//! With sharding, that is this replica's share, and a change of share ends
-//! the cycle, so the next process gets the new one.
+//! With sharding, that is this replica's share; a change of share ends
+//! the cycle of a process that does not follow its file, so the next
+//! process gets the new one.
 //!
 //! The process dies with tether: it starts as `tether __exec-child`, which
 //! asks the kernel for SIGKILL when its parent dies (`PR_SET_PDEATHSIG`)
@@ -58,12 +61,15 @@
 //! - `group.rs`: the process group, and its stop: signal, grace, SIGKILL;
 //! - `left_out.rs`: the optional remotes a process that does not follow
 //!   its file is restarted without, and when each is put back;
+//! - `leaving.rs`: the remotes a follower was told to let go, until it
+//!   says it has;
 //! - `readiness.rs`: the readiness check, and the rule that makes the
 //!   checks "ready".
 
 mod group;
 mod home_token;
 mod launcher;
+mod leaving;
 mod left_out;
 mod process;
 mod program;
@@ -81,7 +87,7 @@ use std::time::SystemTime;
 use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 use rustix::process::Signal;
 use tether_probes::{ProbeSetHandle, Reachability};
-use tether_supervisor::{Cause, CauseKind, CycleToken, ManagerError, ManagerFactory, UsedRemotes};
+use tether_supervisor::{Cause, CycleToken, ManagerError, ManagerFactory, UsedRemotes};
 use tokio::sync::watch as channel;
 use tokio::time::Instant;
 use tracing::{info, warn};
@@ -92,6 +98,7 @@ use crate::lock;
 
 use self::home_token::HomeToken;
 pub use self::launcher::serve as serve_launcher;
+use self::leaving::{Leaving, read_applied};
 use self::left_out::{LeftOut, Restart};
 use self::process::{Killer, Process};
 pub use self::program::{CHILD_SHIM, CommandError, become_child, find_command};
@@ -99,7 +106,7 @@ use self::program::{Spawner, Start, spec_program};
 use self::readiness::{Readiness, check};
 pub use self::remotes::REMOTES_FILE_VERSION;
 pub use self::remotes::{Folder, remotes_folder};
-use self::remotes::{MAX_REMOTES_VARIABLE, Told, remotes_variable, write_remotes};
+use self::remotes::{MAX_REMOTES_VARIABLE, Told as Written, remotes_variable, write_remotes};
 
 /// How a run of the process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -464,6 +471,61 @@ enum Ended {
 /// remote's name, generation, and reachability.
 type Telling = Vec<(String, u64, bool)>;
 
+/// What one run of the process was told: the last file, and the remotes
+/// it was told to let go and has not said it did.
+#[derive(Debug)]
+struct Told {
+    /// Names this run; an acknowledgement counts only with it.
+    instance: String,
+    telling: Telling,
+    leaving: Leaving,
+}
+
+impl Told {
+    /// A new run's: nothing told yet.
+    fn new() -> Self {
+        Self {
+            instance: format!("{:016x}", fastrand::u64(..)),
+            telling: Telling::new(),
+            leaving: Leaving::default(),
+        }
+    }
+
+    /// For a follower with remotes leaving: takes in what it says it
+    /// applied (`applied`), and lets go, in `running`, of the remotes it
+    /// has. Says to restart it if one has been leaving for longer than
+    /// [`RELEASE_WITHIN`].
+    fn released(
+        &mut self,
+        applied: Option<&Path>,
+        running: &super::Running<'_>,
+    ) -> Option<Restart> {
+        if self.leaving.is_empty() {
+            return None;
+        }
+        let revision = applied.and_then(|path| read_applied(path, &self.instance));
+        if revision.is_some_and(|revision| self.leaving.applied(revision)) {
+            info!(
+                revision,
+                "the process let go of the remotes dropped from its file"
+            );
+            running.set(self.running());
+        }
+        self.leaving
+            .overdue(RELEASE_WITHIN)
+            .then_some(Restart::NotReleased)
+    }
+
+    /// What runs: the remotes of the last file, and those leaving.
+    fn running(&self) -> BTreeSet<String> {
+        self.telling
+            .iter()
+            .map(|(name, _, _)| name.clone())
+            .chain(self.leaving.names().cloned())
+            .collect()
+    }
+}
+
 /// What a file listing `listed`, `lost` among them, tells.
 fn telling(listed: &[&ResolvedRemote], lost: &BTreeSet<String>) -> Telling {
     listed
@@ -498,39 +560,46 @@ impl Shared {
         self.probes.state_of(remote) == Some(Reachability::Unreachable)
     }
 
-    /// Writes the remotes file for `listed`, as a new revision, and says
-    /// they run; what it tells.
+    /// Writes the remotes file for `listed`, as a new revision, into
+    /// `told`, and says what runs: those, and any it dropped that are
+    /// still leaving.
     fn tell(
         &self,
         cycle: u64,
         listed: &[&ResolvedRemote],
         lost: &BTreeSet<String>,
         running: &super::Running<'_>,
-    ) -> std::io::Result<(PathBuf, Telling)> {
+        told: &mut Told,
+    ) -> std::io::Result<PathBuf> {
         let revision = self.revision.fetch_add(1, Ordering::Relaxed) + 1;
         let file = write_remotes(
             self.dir.path(),
-            Told {
+            Written {
                 cycle,
                 revision,
+                instance: &told.instance,
                 remotes: listed,
                 lost,
             },
         )?;
-        running.set(listed.iter().map(|r| r.name.clone()).collect());
-        Ok((file, telling(listed, lost)))
+        let before: BTreeSet<String> = told.telling.iter().map(|(n, _, _)| n.clone()).collect();
+        let now: BTreeSet<String> = listed.iter().map(|r| r.name.clone()).collect();
+        told.leaving.told(&before, &now, revision);
+        told.telling = telling(listed, lost);
+        running.set(told.running());
+        Ok(file)
     }
 
     /// For a process that follows its remotes file: writes a new one if
     /// what the plan and the probes say now differs from `told`.
-    fn retell(&self, cycle: u64, pid: u32, told: &mut Telling, running: &super::Running<'_>) {
+    fn retell(&self, cycle: u64, pid: u32, told: &mut Told, running: &super::Running<'_>) {
         let plan = Arc::clone(&lock(&self.plan));
         let (listed, lost) = self.listed(&plan, &LeftOut::default());
-        if telling(&listed, &lost) == *told {
+        if telling(&listed, &lost) == told.telling {
             return;
         }
-        match self.tell(cycle, &listed, &lost, running) {
-            Ok((_, written)) => {
+        match self.tell(cycle, &listed, &lost, running, told) {
+            Ok(_) => {
                 let revision = self.revision.load(Ordering::Relaxed);
                 info!(
                     cycle,
@@ -540,7 +609,6 @@ impl Shared {
                     lost = lost.len(),
                     "remotes file rewritten; the process follows it"
                 );
-                *told = written;
             }
             Err(err) => {
                 warn!(cycle, error = %err, "cannot rewrite the remotes file; the process keeps the last one");
@@ -558,6 +626,7 @@ impl Shared {
         listed: &[&ResolvedRemote],
         file: &Path,
         home: Option<&Path>,
+        applied: Option<&Path>,
     ) -> std::io::Result<Process> {
         let utf8 = |path: &Path| {
             path.to_str().map(str::to_owned).ok_or_else(|| {
@@ -588,6 +657,11 @@ impl Shared {
             .push(("TETHER_REMOTES_FILE".to_owned(), utf8(file)?));
         if let Some(home) = home {
             start.env.push(("KUBECONFIG".to_owned(), utf8(home)?));
+        }
+        if let Some(applied) = applied {
+            start
+                .env
+                .push(("TETHER_APPLIED_FILE".to_owned(), utf8(applied)?));
         }
         match remotes_variable(listed) {
             Ok(names) => start.env.push(("TETHER_REMOTES".to_owned(), names)),
@@ -628,6 +702,17 @@ impl Shared {
         Ok(process)
     }
 
+    /// The cycle's build failure: `source`, starting `spec`'s program;
+    /// also kept for `/status`.
+    fn spawn_failed(&self, spec: &ExecSpec, source: std::io::Error) -> ManagerError {
+        let err = SpawnError {
+            program: spec.command.first().cloned().unwrap_or_default(),
+            source,
+        };
+        lock(&self.state).spawn_error = Some(tether_supervisor::error_chain(&err));
+        ManagerError::build(err)
+    }
+
     /// For a process with a ServiceAccount of its own: its first home
     /// token, and the task that keeps it renewed for the cycle; the
     /// kubeconfig to give it.
@@ -650,12 +735,42 @@ impl Shared {
     }
 }
 
+/// How often a follower's applied file is read while remotes are leaving.
+const ACK_POLL: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// How long a follower has to say it let go of a remote dropped from its
+/// file before it is restarted: as long as the Go package gives a
+/// cluster to stop (`StopTimeout`). Another replica waits for the remote
+/// meanwhile; nothing runs it twice.
+const RELEASE_WITHIN: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// A task that ends when this is dropped.
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+/// Where a follower says what it applied (`TETHER_APPLIED_FILE`): beside
+/// the launcher's socket when it has one (a volume the process may write),
+/// else in tether's folder `dir`.
+fn applied_file(spec: &ExecSpec, dir: &Path) -> PathBuf {
+    spec.launcher
+        .as_deref()
+        .and_then(Path::parent)
+        .unwrap_or(dir)
+        .join("applied.json")
+}
+
+/// Logs a restart within the cycle, and why.
+fn restarting(cycle: u64, pid: u32, why: Restart, left_out: &LeftOut, told: &Told) {
+    if why == Restart::NotReleased {
+        let leaving: Vec<&str> = told.leaving.names().map(String::as_str).collect();
+        warn!(cycle, pid, reason = why.as_str(), leaving = %leaving.join(","), within = ?RELEASE_WITHIN, "restarting the manager process: it did not say in time that it let go of the remotes dropped from its file (TETHER_APPLIED_FILE)");
+    } else {
+        warn!(cycle, pid, reason = why.as_str(), left_out = %left_out.names().join(","), "restarting the manager process with its reachable remotes (it does not follow its remotes file)");
     }
 }
 
@@ -688,25 +803,18 @@ impl ManagerFactory for ExecManager {
     }
 
     /// A process that follows its remotes file takes a remote added,
-    /// removed or read anew from the file. A share that moved still ends
-    /// the cycle: tether cannot see when the process has let a remote go,
-    /// and another replica may take it only then.
-    fn takes_remote_changes(&self, cause: &Cause) -> bool {
-        lock(&self.shared.spec).follows_remotes_file && cause.kind() != CauseKind::ShardChanged
+    /// removed or read anew from the file, a share that moved among them:
+    /// a remote dropped from the file runs here until the process says it
+    /// let it go (`TETHER_APPLIED_FILE`), or is restarted for not saying
+    /// so, and only then may another replica take it.
+    fn takes_remote_changes(&self, _cause: &Cause) -> bool {
+        lock(&self.shared.spec).follows_remotes_file
     }
 
     async fn run(&self, cycle: CycleToken) -> Result<(), ManagerError> {
         let shared = &self.shared;
         let spec = Arc::clone(&lock(&shared.spec));
-        let program = spec.command.first().cloned().unwrap_or_default();
-        let fail = |source: std::io::Error| {
-            let err = SpawnError {
-                program: program.clone(),
-                source,
-            };
-            lock(&shared.state).spawn_error = Some(tether_supervisor::error_chain(&err));
-            ManagerError::build(err)
-        };
+        let fail = |source| shared.spawn_failed(&spec, source);
         // Found here too (`validate` and the start check it first), so that
         // a program removed since is this cycle's build failure, named,
         // rather than the shim's exit code.
@@ -724,11 +832,13 @@ impl ManagerFactory for ExecManager {
             let plan = Arc::clone(&lock(&shared.plan));
             left_out.look(&plan, |name| shared.lost(name), hold);
         }
+        let applied = follows.then(|| applied_file(&spec, shared.dir.path()));
         loop {
             let plan = Arc::clone(&lock(&shared.plan));
             let (listed, lost) = shared.listed(&plan, &left_out);
-            let (file, mut told) = shared
-                .tell(cycle.number(), &listed, &lost, &running)
+            let mut told = Told::new();
+            let file = shared
+                .tell(cycle.number(), &listed, &lost, &running, &mut told)
                 .map_err(fail)?;
             let mut process = shared
                 .spawn(
@@ -737,6 +847,7 @@ impl ManagerFactory for ExecManager {
                     &listed,
                     &file,
                     home.as_ref().map(|(k, _)| k.as_path()),
+                    applied.as_deref(),
                 )
                 .await
                 .map_err(fail)?;
@@ -756,9 +867,13 @@ impl ManagerFactory for ExecManager {
                     Ok(()) = plans.changed(), if follows => {}
                     _ = transitions.recv() => {}
                     () = tokio::time::sleep_until(put_back.unwrap_or_else(Instant::now)), if put_back.is_some() => {}
+                    () = tokio::time::sleep(ACK_POLL), if !told.leaving.is_empty() => {}
                 }
                 if follows {
                     shared.retell(cycle.number(), pid, &mut told, &running);
+                    if let Some(why) = told.released(applied.as_deref(), &running) {
+                        break Ended::Restart(why);
+                    }
                     continue;
                 }
                 let plan = Arc::clone(&lock(&shared.plan));
@@ -777,7 +892,7 @@ impl ManagerFactory for ExecManager {
                         return Ok(());
                     };
                     shared.restarts.with_label_values(&[why.as_str()]).inc();
-                    warn!(cycle = cycle.number(), pid, reason = why.as_str(), left_out = %left_out.names().join(","), "restarting the manager process with its reachable remotes (it does not follow its remotes file)");
+                    restarting(cycle.number(), pid, why, &left_out, &told);
                     continue;
                 }
                 Ended::Exited(how) => {

@@ -25,6 +25,9 @@ struct RemotesFile<'a> {
     revision: u64,
     /// The cycle the process runs in.
     cycle: u64,
+    /// Names this run of the process: an acknowledgement in
+    /// `TETHER_APPLIED_FILE` counts only with it.
+    instance: &'a str,
     /// Its remotes, in config order.
     remotes: Vec<RemoteEntry<'a>>,
 }
@@ -57,6 +60,8 @@ pub(super) struct Told<'a> {
     pub(super) cycle: u64,
     /// This file's revision.
     pub(super) revision: u64,
+    /// The run of the process it is for.
+    pub(super) instance: &'a str,
     /// The remotes it lists, in plan order.
     pub(super) remotes: &'a [&'a ResolvedRemote],
     /// Those of them the probes call lost.
@@ -130,6 +135,7 @@ pub(super) fn write_remotes(dir: &Path, told: Told<'_>) -> std::io::Result<PathB
         kind: "Remotes",
         revision: told.revision,
         cycle: told.cycle,
+        instance: told.instance,
         remotes: entries,
     })?;
     replace_file(&file, &body)?;
@@ -356,6 +362,7 @@ mod tests {
         let told = Told {
             cycle: 1,
             revision,
+            instance: "i",
             remotes: &listed,
             lost: &std::collections::BTreeSet::new(),
         };
@@ -370,6 +377,7 @@ mod tests {
         let told = Told {
             cycle: 3,
             revision: 7,
+            instance: "i",
             remotes: &[&a, &b],
             lost: &lost,
         };
