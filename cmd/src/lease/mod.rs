@@ -104,22 +104,38 @@ pub async fn home_client(
     kubeconfig: Option<&std::path::Path>,
     timeout: std::time::Duration,
 ) -> Result<(kube::Client, String), Error> {
-    let mut config = home_config(kubeconfig).await?;
+    let config = home_config(kubeconfig).await?;
+    let namespace = config.default_namespace.clone();
+    let client = bounded_client(config, timeout)
+        .await
+        .map_err(Error::Build)?
+        .map_err(Error::Client)?;
+    Ok((client, namespace))
+}
+
+/// A client on `config` for the home cluster's small objects (Leases,
+/// Events, tokens): each request bounded by `timeout`, no retries, each
+/// response by [`tether_probes::client::MAX_LEASE_RESPONSE`]. Built off
+/// the workers: an exec credential plugin runs in the build.
+///
+/// # Errors
+///
+/// The outer error if the build hung or panicked; the inner one if kube
+/// could not make the client.
+pub(crate) async fn bounded_client(
+    mut config: kube::Config,
+    timeout: std::time::Duration,
+) -> Result<Result<kube::Client, kube::Error>, tether_probes::client::BuildError> {
     config.default_retry = false;
     config.read_timeout = Some(timeout);
     config.connect_timeout = Some(timeout);
-    let namespace = config.default_namespace.clone();
-    // Off the workers: an exec credential plugin runs in the build.
-    let client = tether_probes::client::once_off_workers(move || {
+    tether_probes::client::once_off_workers(move || {
         tether_probes::client::bounded_client_within(
             config,
             tether_probes::client::MAX_LEASE_RESPONSE,
         )
     })
     .await
-    .map_err(Error::Build)?
-    .map_err(Error::Client)?;
-    Ok((client, namespace))
 }
 
 /// The pod's namespace, from its service account mount.

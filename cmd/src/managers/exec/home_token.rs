@@ -136,19 +136,10 @@ impl HomeToken {
             .unwrap_or_else(|| config.default_namespace.clone());
         let account = format!("{namespace}/{}", spec.name);
         let kubeconfig = kubeconfig(&config, &self.dir.join(TOKEN));
-        let mut bounded = config;
-        bounded.default_retry = false;
-        bounded.read_timeout = Some(REQUEST_WITHIN);
-        bounded.connect_timeout = Some(REQUEST_WITHIN);
-        let client = tether_probes::client::once_off_workers(move || {
-            tether_probes::client::bounded_client_within(
-                bounded,
-                tether_probes::client::MAX_LEASE_RESPONSE,
-            )
-        })
-        .await
-        .map_err(TokenError::Client)?
-        .map_err(TokenError::Kube)?;
+        let client = crate::lease::bounded_client(config, REQUEST_WITHIN)
+            .await
+            .map_err(TokenError::Client)?
+            .map_err(TokenError::Kube)?;
         let asked = TokenRequest {
             spec: Some(TokenRequestSpec {
                 expiration_seconds: Some(

@@ -344,7 +344,12 @@ impl Remote {
         let pid = match answer {
             Some(Answer::Started { pid }) => pid,
             Some(Answer::Failed { error }) => {
-                return Err(std::io::Error::other(format!("the launcher: {error}")));
+                // The launcher's container is the controller's: its words
+                // are escaped and cut before they are logged or shown.
+                return Err(std::io::Error::other(format!(
+                    "the launcher: {}",
+                    tether_supervisor::printable(&error, 512)
+                )));
             }
             Some(Answer::Exited { .. }) | None => {
                 return Err(std::io::Error::other(
