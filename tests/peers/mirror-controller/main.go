@@ -57,8 +57,11 @@ func main() {
 	probes := flag.String("health-probe-bind-address", "127.0.0.1:8081", "where /healthz and /readyz are served")
 	metrics := flag.String("metrics-bind-address", "0", "where /metrics is served (0: off)")
 	inFleet := flag.Bool("fleet", false, "mirror every reachable remote of $TETHER_REMOTES_FILE, following it as tether rewrites it (followsRemotesFile: true)")
+	qps := flag.Float64("kube-api-qps", 0, "requests a second to the home cluster (0: client-go's default, 5)")
+	burst := flag.Int("kube-api-burst", 0, "the burst above --kube-api-qps (0: client-go's default, 10)")
 	auditSecret := flag.String("audit-secret", "", "namespace/name: at start, ask the home cluster for this Secret with every credential found in this container, and log what each got")
 	flag.Parse()
+	homeQPS, homeBurst = float32(*qps), *burst
 	ctrl.SetLogger(zap.New(zap.UseDevMode(false)))
 	if *auditSecret != "" {
 		namespace, name, ok := strings.Cut(*auditSecret, "/")
@@ -176,11 +179,24 @@ func homeManager(home, into, probes, metrics string) (ctrl.Manager, error) {
 // controller-runtime finds it ($KUBECONFIG, which tether sets for a
 // controller with a ServiceAccount of its own, then in-cluster).
 func homeRestConfig(home string) (*rest.Config, error) {
+	var config *rest.Config
+	var err error
 	if home != "" {
-		return clientcmd.BuildConfigFromFlags("", home)
+		config, err = clientcmd.BuildConfigFromFlags("", home)
+	} else {
+		config, err = ctrl.GetConfig()
 	}
-	return ctrl.GetConfig()
+	if err == nil && homeQPS > 0 {
+		config.QPS, config.Burst = homeQPS, homeBurst
+	}
+	return config, err
 }
+
+// homeQPS and homeBurst are --kube-api-qps and --kube-api-burst.
+var (
+	homeQPS   float32
+	homeBurst int
+)
 
 // labelled is a remote's cluster, whose cache holds only the ConfigMaps
 // labelled for the mirror.

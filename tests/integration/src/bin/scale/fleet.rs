@@ -174,7 +174,7 @@ pub(crate) fn fleet_controller(count: usize) -> Result<Value> {
     let port = health.rsplit(':').next().unwrap_or_default();
     let head = format!(
         "admin: {{ address: \"{admin}\" }}\nprobe: {{ interval: 1s, timeout: 500ms, failureThreshold: 3 }}\n\
-         manager: {{ exec: {{ command: [{}, --fleet, --home-kubeconfig, {}, \"--health-probe-bind-address={health}\"], \
+         manager: {{ exec: {{ command: [{}, --fleet, --home-kubeconfig, {}, \"--health-probe-bind-address={health}\", --kube-api-qps=1000, --kube-api-burst=1000], \
          followsRemotesFile: true, readiness: {{ httpGet: {{ port: {port}, path: /readyz }} }} }} }}\n",
         controller.display(),
         home_kubeconfig.display()
