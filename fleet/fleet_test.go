@@ -109,6 +109,18 @@ type engaged struct {
 	cluster cluster.Cluster
 }
 
+// informing is an Options.Engage that starts an informer on the cluster,
+// as a controller's watch makes one, and says so on calls.
+func informing(calls chan<- engaged) func(context.Context, string, cluster.Cluster) error {
+	return func(ctx context.Context, name string, cl cluster.Cluster) error {
+		if _, err := cl.GetCache().GetInformer(ctx, &corev1.ConfigMap{}); err != nil {
+			return err
+		}
+		calls <- engaged{ctx, name, cl}
+		return nil
+	}
+}
+
 func next(t *testing.T, calls <-chan engaged, what string) engaged {
 	t.Helper()
 	select {
@@ -143,16 +155,9 @@ func TestEngageDisengageAndReplaceOnARealApiserver(t *testing.T) {
 	write(t, path, 1, remote(1, true))
 	calls := make(chan engaged, 8)
 	fleet, err := New(Options{
-		Path: path,
-		Poll: 100 * time.Millisecond,
-		Engage: func(ctx context.Context, name string, cl cluster.Cluster) error {
-			// An informer, as a controller's watch makes one.
-			if _, err := cl.GetCache().GetInformer(ctx, &corev1.ConfigMap{}); err != nil {
-				return err
-			}
-			calls <- engaged{ctx, name, cl}
-			return nil
-		},
+		Path:   path,
+		Poll:   100 * time.Millisecond,
+		Engage: informing(calls),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -262,13 +267,7 @@ func TestARevisionIsAcknowledgedOnceItsRemovedRemotesHaveStopped(t *testing.T) {
 		Path:        path,
 		AppliedPath: applied,
 		Poll:        100 * time.Millisecond,
-		Engage: func(ctx context.Context, name string, cl cluster.Cluster) error {
-			if _, err := cl.GetCache().GetInformer(ctx, &corev1.ConfigMap{}); err != nil {
-				return err
-			}
-			calls <- engaged{ctx, name, cl}
-			return nil
-		},
+		Engage:      informing(calls),
 	})
 	if err != nil {
 		t.Fatal(err)

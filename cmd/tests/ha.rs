@@ -266,6 +266,10 @@ async fn failovers(server: &impl Cluster, signal: &str, trials: usize) -> Vec<Du
                     && !logs.contains("leadership lost"),
                 "{logs}"
             );
+            assert!(
+                logs.contains("released the Lease"),
+                "a clean stop releases the Lease:\n{logs}"
+            );
         }
         drop(old);
         // The replacement stands by, having seen the Lease held, before the

@@ -310,7 +310,10 @@ impl Election {
                 .await?;
             Ok(true)
         };
-        match timeout(self.spec.retry_period, attempt).await {
+        // As long as a renewal may take, not a retry's period: a release
+        // that takes that long still beats the others waiting out
+        // leaseDuration, and a loaded machine took more than 500 ms.
+        match timeout(self.spec.renew_deadline, attempt).await {
             Ok(Ok(true)) => info!(identity = %self.identity, "released the Lease"),
             Ok(Ok(false)) => {}
             Ok(Err(err)) => {

@@ -479,7 +479,9 @@ impl Sharding {
         self.let_go();
         let deadline = Instant::now() + spec.renew_deadline;
         if self.until_applied(&BTreeSet::new(), deadline).await {
-            match timeout(spec.retry_period, self.release()).await {
+            // As long as a renewal may take: a release that takes it still
+            // beats the others waiting out leaseDuration.
+            match timeout(spec.renew_deadline, self.release()).await {
                 Ok(Ok(true)) => {
                     info!(identity = %self.identity, "shard Lease released: the other replicas take its remotes now");
                 }

@@ -291,26 +291,8 @@ async fn exec_manager(kube: &Kube, a: &ControlPlane, way: Way) {
     };
     kube.secrets(ns, &[("cluster-a", a)]);
     // The controller writes its mirrors at home: a Role for that, as its
-    // own chart would carry.
-    let account = format!("system:serviceaccount:{ns}:{ns}-tether");
-    kube.kubectl(&[
-        "-n",
-        ns,
-        "create",
-        "role",
-        "mirror",
-        "--verb=get,list,watch,create,update,patch,delete",
-        "--resource=configmaps",
-    ]);
-    kube.kubectl(&[
-        "-n",
-        ns,
-        "create",
-        "rolebinding",
-        "mirror",
-        "--role=mirror",
-        &format!("--user={account}"),
-    ]);
+    // own chart would carry, for tether's account, which it runs as.
+    mirror_role(kube, ns, &format!("--serviceaccount={ns}:{ns}-tether"));
     let image = match way {
         Way::InTheImage => "image: {repository: localhost/mirror-controller-tether, tag: test}",
         Way::CopiedIn => "image: {repository: localhost/tether}",
@@ -438,25 +420,11 @@ async fn separate_controller(kube: &Kube, a: &ControlPlane, b: &ControlPlane) {
     argocd_cluster(kube, "cluster-a", a);
     // The controller's own RBAC, bound to the ServiceAccount the chart
     // makes for it: its mirrors, in its namespace.
-    let controller = format!("{NS}:{NS}-tether-controller");
-    kube.kubectl(&[
-        "-n",
+    mirror_role(
+        kube,
         NS,
-        "create",
-        "role",
-        "mirror",
-        "--verb=get,list,watch,create,update,patch,delete",
-        "--resource=configmaps",
-    ]);
-    kube.kubectl(&[
-        "-n",
-        NS,
-        "create",
-        "rolebinding",
-        "mirror",
-        "--role=mirror",
-        &format!("--serviceaccount={controller}"),
-    ]);
+        &format!("--serviceaccount={NS}:{NS}-tether-controller"),
+    );
     install(
         kube,
         NS,
@@ -597,6 +565,29 @@ async fn credentials_refused(kube: &Kube, ns: &str, pod: &str) {
         !found("/var/run/secrets"),
         "no service account token in its container: {tried:?}"
     );
+}
+
+/// The mirror controller's Role in `ns` (its mirrors, ConfigMaps there),
+/// bound to `subject` (a `kubectl create rolebinding` subject flag).
+fn mirror_role(kube: &Kube, ns: &str, subject: &str) {
+    kube.kubectl(&[
+        "-n",
+        ns,
+        "create",
+        "role",
+        "mirror",
+        "--verb=get,list,watch,create,update,patch,delete",
+        "--resource=configmaps",
+    ]);
+    kube.kubectl(&[
+        "-n",
+        ns,
+        "create",
+        "rolebinding",
+        "mirror",
+        "--role=mirror",
+        subject,
+    ]);
 }
 
 /// An Argo CD cluster Secret in `argocd` for `plane`, named `name`.
