@@ -121,6 +121,26 @@ func informing(calls chan<- engaged) func(context.Context, string, cluster.Clust
 	}
 }
 
+// running starts a Fleet on opts: it, the context it runs under, and a
+// stop that cancels it and checks that Start returned no error.
+func running(t *testing.T, opts Options) (*Fleet, context.Context, func()) {
+	t.Helper()
+	fleet, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	started := make(chan error, 1)
+	go func() { started <- fleet.Start(ctx) }()
+	return fleet, ctx, func() {
+		cancel()
+		if err := <-started; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 func next(t *testing.T, calls <-chan engaged, what string) engaged {
 	t.Helper()
 	select {
@@ -154,18 +174,11 @@ func TestEngageDisengageAndReplaceOnARealApiserver(t *testing.T) {
 	}
 	write(t, path, 1, remote(1, true))
 	calls := make(chan engaged, 8)
-	fleet, err := New(Options{
+	fleet, ctx, stop := running(t, Options{
 		Path:   path,
 		Poll:   100 * time.Millisecond,
 		Engage: informing(calls),
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	started := make(chan error, 1)
-	go func() { started <- fleet.Start(ctx) }()
 
 	first := next(t, calls, "a, at the start")
 	if got, err := fleet.Get("a"); err != nil || got != first.cluster {
@@ -220,10 +233,7 @@ func TestEngageDisengageAndReplaceOnARealApiserver(t *testing.T) {
 		t.Fatalf("engaged %s from an older revision", call.name)
 	default:
 	}
-	cancel()
-	if err := <-started; err != nil {
-		t.Fatal(err)
-	}
+	stop()
 }
 
 func TestAFileOfAnotherVersionOrWithADuplicateIsRefused(t *testing.T) {
@@ -263,19 +273,12 @@ func TestARevisionIsAcknowledgedOnceItsRemovedRemotesHaveStopped(t *testing.T) {
 	a := Remote{Name: "a", Generation: 1, Reachable: true, Kubeconfig: config}
 	write(t, path, 1, a)
 	calls := make(chan engaged, 8)
-	fleet, err := New(Options{
+	fleet, _, stop := running(t, Options{
 		Path:        path,
 		AppliedPath: applied,
 		Poll:        100 * time.Millisecond,
 		Engage:      informing(calls),
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	started := make(chan error, 1)
-	go func() { started <- fleet.Start(ctx) }()
 	revision := func() uint64 {
 		body, err := os.ReadFile(applied)
 		if err != nil {
@@ -300,8 +303,5 @@ func TestARevisionIsAcknowledgedOnceItsRemovedRemotesHaveStopped(t *testing.T) {
 	if names := fleet.Names(); len(names) != 0 {
 		t.Fatalf("engaged after its removal was acknowledged: %v", names)
 	}
-	cancel()
-	if err := <-started; err != nil {
-		t.Fatal(err)
-	}
+	stop()
 }

@@ -237,28 +237,28 @@ async fn a_second_launcher_on_a_socket_in_use_or_a_file_that_is_not_one_is_refus
         first.logs().contains("launcher listening").then_some(())
     })
     .await;
-    let second = std::process::Command::new(common::binary())
-        .args(["launcher", "--socket"])
-        .arg(&socket)
-        .output()
-        .expect("runs");
-    assert_eq!(second.status.code(), Some(2));
-    let said = String::from_utf8_lossy(&second.stderr);
+    let said = refused_on(&socket);
     assert!(said.contains("another launcher answers on"), "{said}");
     assert!(socket.exists(), "the first one's socket is left alone");
 
     // A file that is not a socket is not taken for a stale one.
     let file = dir.path().join("not-a-socket");
     std::fs::write(&file, "keep me").expect("file");
-    let refused = std::process::Command::new(common::binary())
-        .args(["launcher", "--socket"])
-        .arg(&file)
-        .output()
-        .expect("runs");
-    assert_eq!(refused.status.code(), Some(2));
-    let said = String::from_utf8_lossy(&refused.stderr);
+    let said = refused_on(&file);
     assert!(said.contains("exists and is not a socket"), "{said}");
     assert_eq!(std::fs::read_to_string(&file).expect("kept"), "keep me");
+}
+
+/// `tether launcher --socket <path>`, which must refuse with exit code 2:
+/// what it said.
+fn refused_on(path: &Path) -> String {
+    let out = std::process::Command::new(common::binary())
+        .args(["launcher", "--socket"])
+        .arg(path)
+        .output()
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(2), "refused as bad input");
+    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 /// The process's own ServiceAccount: tether requests its token from a real

@@ -104,3 +104,12 @@ pub(super) async fn stop(
         .await;
     how
 }
+
+/// Kills `child` and its group at once (SIGKILL, no grace), and waits for
+/// it. Returns how it ended.
+pub(super) async fn kill(child: &mut Child, group: &Group) -> ExitHow {
+    group.signal(Signal::KILL);
+    let how = child.wait().await.map_or(ExitHow::Code(-1), ExitHow::of);
+    group.stop_leftovers(Signal::KILL, Duration::ZERO).await;
+    how
+}

@@ -14,11 +14,13 @@ use base64::Engine as _;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::api::{Api, PostParams};
+use kube::config::{AuthInfo, Cluster};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use super::remotes::replace_private_file;
 use crate::config::ServiceAccountSpec;
+use crate::config::remote::single_kubeconfig;
 
 /// How long one request to the home cluster may take.
 const REQUEST_WITHIN: Duration = Duration::from_secs(10);
@@ -135,7 +137,8 @@ impl HomeToken {
             .clone()
             .unwrap_or_else(|| config.default_namespace.clone());
         let account = format!("{namespace}/{}", spec.name);
-        let kubeconfig = kubeconfig(&config, &self.dir.join(TOKEN));
+        let kubeconfig = kubeconfig(&config, &self.dir.join(TOKEN))
+            .map_err(|err| TokenError::Write(err.into()))?;
         let client = crate::lease::bounded_client(config, REQUEST_WITHIN)
             .await
             .map_err(TokenError::Client)?
@@ -181,39 +184,32 @@ impl HomeToken {
 }
 
 /// A kubeconfig for the home cluster as `config` reaches it, whose user
-/// reads its token from `token`.
-fn kubeconfig(config: &kube::Config, token: &Path) -> String {
-    let mut cluster = serde_json::json!({ "server": config.cluster_url.to_string() });
-    if let Some(certs) = &config.root_cert {
-        let pem: String = certs.iter().map(|der| pem_certificate(der)).collect();
-        cluster["certificate-authority-data"] =
-            base64::engine::general_purpose::STANDARD.encode(pem).into();
+/// reads its token from `token`: the CA inline, since the process's
+/// container has none of tether's files.
+fn kubeconfig(config: &kube::Config, token: &Path) -> Result<String, serde_json::Error> {
+    let ca = config.root_cert.as_ref().map(|certs| {
+        let pems: Vec<pem::Pem> = certs
+            .iter()
+            .map(|der| pem::Pem::new("CERTIFICATE", der.clone()))
+            .collect();
+        base64::engine::general_purpose::STANDARD.encode(pem::encode_many(&pems))
+    });
+    let mut kubeconfig = single_kubeconfig(
+        "home",
+        Cluster {
+            server: Some(config.cluster_url.to_string()),
+            certificate_authority_data: ca,
+            insecure_skip_tls_verify: config.accept_invalid_certs.then_some(true),
+            tls_server_name: config.tls_server_name.clone(),
+            ..Cluster::default()
+        },
+        AuthInfo {
+            token_file: Some(token.display().to_string()),
+            ..AuthInfo::default()
+        },
+    );
+    if let Some(context) = kubeconfig.contexts[0].context.as_mut() {
+        context.namespace = Some(config.default_namespace.clone());
     }
-    if config.accept_invalid_certs {
-        cluster["insecure-skip-tls-verify"] = true.into();
-    }
-    if let Some(name) = &config.tls_server_name {
-        cluster["tls-server-name"] = name.clone().into();
-    }
-    serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "home", "cluster": cluster}],
-        "users": [{"name": "home", "user": {"tokenFile": token}}],
-        "contexts": [{"name": "home", "context": {"cluster": "home", "user": "home", "namespace": config.default_namespace}}],
-        "current-context": "home",
-    })
-    .to_string()
-}
-
-/// One DER certificate as PEM.
-fn pem_certificate(der: &[u8]) -> String {
-    let body = base64::engine::general_purpose::STANDARD.encode(der);
-    let mut pem = String::from("-----BEGIN CERTIFICATE-----\n");
-    for line in body.as_bytes().chunks(64) {
-        pem.push_str(std::str::from_utf8(line).expect("base64 is ASCII"));
-        pem.push('\n');
-    }
-    pem.push_str("-----END CERTIFICATE-----\n");
-    pem
+    serde_json::to_string(&kubeconfig)
 }

@@ -33,7 +33,7 @@ use tokio::time::{Instant, sleep, timeout};
 use tracing::{info, warn};
 
 use super::ExitHow;
-use super::group::{Group, pid_of, stop};
+use super::group::{Group, kill, pid_of, stop};
 use super::program::{Spawner, Start, command};
 
 /// The protocol's version, in each start; a launcher refuses another.
@@ -278,7 +278,7 @@ async fn serve_one(conn: UnixStream, spawner: &Spawner) {
                 Ok(Some(Ask::Kill)) => group.signal(Signal::KILL),
                 Ok(None) | Err(_) => {
                     warn!(pid, "tether's connection closed: killing the process group");
-                    break stop(&mut child, &group, Signal::KILL, Duration::ZERO).await;
+                    break kill(&mut child, &group).await;
                 }
             }
         }

@@ -106,7 +106,7 @@ use self::program::{Spawner, Start, spec_program};
 use self::readiness::{Readiness, check};
 pub use self::remotes::REMOTES_FILE_VERSION;
 pub use self::remotes::{Folder, remotes_folder};
-use self::remotes::{MAX_REMOTES_VARIABLE, Told as Written, remotes_variable, write_remotes};
+use self::remotes::{MAX_REMOTES_VARIABLE, Written, remotes_variable, write_remotes};
 
 /// How a run of the process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

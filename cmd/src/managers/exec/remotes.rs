@@ -55,7 +55,7 @@ struct RemoteEntry<'a> {
 
 /// What one `TETHER_REMOTES_FILE` says.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Told<'a> {
+pub(super) struct Written<'a> {
     /// The cycle the process runs in.
     pub(super) cycle: u64,
     /// This file's revision.
@@ -76,7 +76,7 @@ pub(super) struct Told<'a> {
 /// after it: a cluster dropped from the fleet leaves no credentials
 /// behind. Each file is replaced whole (written beside, synced, renamed),
 /// so a reader never sees part of one. Returns the file.
-pub(super) fn write_remotes(dir: &Path, told: Told<'_>) -> std::io::Result<PathBuf> {
+pub(super) fn write_remotes(dir: &Path, told: Written<'_>) -> std::io::Result<PathBuf> {
     let absolute = |p: &Path| std::path::absolute(p);
     let mut entries = Vec::with_capacity(told.remotes.len());
     let mut written = std::collections::BTreeSet::new();
@@ -359,7 +359,7 @@ mod tests {
     /// Writes a file listing `remotes`, none lost, as revision `revision`.
     fn write(dir: &Path, revision: u64, remotes: &[ResolvedRemote]) -> PathBuf {
         let listed: Vec<&ResolvedRemote> = remotes.iter().collect();
-        let told = Told {
+        let told = Written {
             cycle: 1,
             revision,
             instance: "i",
@@ -374,7 +374,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let (a, b) = (discovered("a"), discovered("b"));
         let lost = std::collections::BTreeSet::from(["b".to_owned()]);
-        let told = Told {
+        let told = Written {
             cycle: 3,
             revision: 7,
             instance: "i",
