@@ -296,7 +296,7 @@ impl Election {
     /// `ReleaseOnCancel`: no holder, `leaseDurationSeconds: 1`, so another
     /// replica takes it at its next try. Call it after the manager stopped.
     pub(crate) async fn release(&self) {
-        let attempt = async {
+        let attempt = || async {
             let Some(mut lease) = self.leases.get_opt(&self.spec.lease_name).await? else {
                 return Ok::<bool, kube::Error>(false);
             };
@@ -312,8 +312,22 @@ impl Election {
         };
         // As long as a renewal may take, not a retry's period: a release
         // that takes that long still beats the others waiting out
-        // leaseDuration, and a loaded machine took more than 500 ms.
-        match timeout(self.spec.renew_deadline, attempt).await {
+        // leaseDuration. A transport failure (a pooled connection that no
+        // longer works: "SendRequest") is tried again on a new one, within
+        // that time; the client itself never retries.
+        let attempts = async {
+            loop {
+                match attempt().await {
+                    Err(kube::Error::Service(err)) => {
+                        warn!(error = %err, "releasing the Lease failed in transport; trying again");
+                        // Not a busy loop against an apiserver that is down.
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    }
+                    done => return done,
+                }
+            }
+        };
+        match timeout(self.spec.renew_deadline, attempts).await {
             Ok(Ok(true)) => info!(identity = %self.identity, "released the Lease"),
             Ok(Ok(false)) => {}
             Ok(Err(err)) => {
