@@ -270,6 +270,52 @@ pub(crate) fn released(old: &LeaseSpec, now: &MicroTime) -> LeaseSpec {
     }
 }
 
+/// Why a release did not happen: the others take the Lease after
+/// `leaseDuration` instead of at once.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ReleaseFailed {
+    #[error(transparent)]
+    Api(kube::Error),
+    #[error("no answer within {0:?}")]
+    TimedOut(Duration),
+}
+
+/// The pause between two tries of a release that failed in transport: not
+/// a busy loop against an apiserver that is down.
+const RELEASE_PAUSE: Duration = Duration::from_millis(50);
+
+/// A holder that can let its Lease go.
+pub(crate) trait Releaser {
+    /// One try: writes the Lease with no holder if this process holds it,
+    /// and answers whether it did.
+    fn release_once(&mut self) -> impl Future<Output = Result<bool, kube::Error>> + Send;
+}
+
+/// Tries `releaser` for up to `within` (a holder's `renewDeadline`: a
+/// release that takes that long still beats the others waiting out
+/// `leaseDuration`). A transport failure (a pooled connection that no
+/// longer works: `SendRequest`) is tried again on a new connection, since
+/// the client itself never retries; any other error is the answer.
+pub(crate) async fn release(
+    within: Duration,
+    releaser: &mut impl Releaser,
+) -> Result<bool, ReleaseFailed> {
+    let tries = async {
+        loop {
+            match releaser.release_once().await {
+                Err(kube::Error::Service(err)) => {
+                    tracing::warn!(error = %err, "releasing the Lease failed in transport; trying again");
+                    tokio::time::sleep(RELEASE_PAUSE).await;
+                }
+                done => return done.map_err(ReleaseFailed::Api),
+            }
+        }
+    };
+    timeout(within, tries)
+        .await
+        .unwrap_or(Err(ReleaseFailed::TimedOut(within)))
+}
+
 /// The jittered wait before the next try: `period` to 1.2 × `period`, as
 /// client-go's `JitterFactor`.
 fn jittered(period: Duration) -> Duration {
@@ -520,5 +566,77 @@ mod tests {
             Some(2),
             "as client-go counts"
         );
+    }
+
+    /// A release that answers with each of `answers` in turn, then hangs.
+    struct Answers(VecDeque<Result<bool, kube::Error>>);
+
+    impl Releaser for Answers {
+        async fn release_once(&mut self) -> Result<bool, kube::Error> {
+            match self.0.pop_front() {
+                Some(answer) => answer,
+                None => std::future::pending().await,
+            }
+        }
+    }
+
+    fn transport() -> kube::Error {
+        kube::Error::Service(Box::new(std::io::Error::other("SendRequest")))
+    }
+
+    fn conflict() -> kube::Error {
+        kube::Error::Api(Box::new(
+            kube::core::Status::failure("conflict", "Conflict").with_code(409),
+        ))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_release_failed_in_transport_is_tried_again_on_a_new_connection() {
+        let start = Instant::now();
+        let mut answers = Answers(VecDeque::from([
+            Err(transport()),
+            Err(transport()),
+            Ok(true),
+        ]));
+        let released = release(Duration::from_secs(10), &mut answers).await;
+        assert!(matches!(released, Ok(true)), "{released:?}");
+        assert!(answers.0.is_empty());
+        assert_eq!(
+            start.elapsed(),
+            2 * RELEASE_PAUSE,
+            "one pause after each failure"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn any_other_release_error_is_the_answer_at_once() {
+        let mut answers = Answers(VecDeque::from([Err(conflict()), Ok(true)]));
+        let released = release(Duration::from_secs(10), &mut answers).await;
+        assert!(
+            matches!(released, Err(ReleaseFailed::Api(kube::Error::Api(_)))),
+            "{released:?}"
+        );
+        assert_eq!(answers.0.len(), 1, "not tried again");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_release_ends_at_its_deadline_whatever_the_apiserver_does() {
+        let within = Duration::from_secs(10);
+        let start = Instant::now();
+        let failing = (0..1_000).map(|_| Err(transport())).collect();
+        let released = release(within, &mut Answers(failing)).await;
+        assert!(
+            matches!(released, Err(ReleaseFailed::TimedOut(_))),
+            "{released:?}"
+        );
+        assert_eq!(start.elapsed(), within);
+
+        let start = Instant::now();
+        let released = release(within, &mut Answers(VecDeque::new())).await;
+        assert!(
+            matches!(released, Err(ReleaseFailed::TimedOut(_))),
+            "a hung try: {released:?}"
+        );
+        assert_eq!(start.elapsed(), within);
     }
 }

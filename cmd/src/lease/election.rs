@@ -43,7 +43,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 pub(crate) use super::Error;
-use super::claim::{self, Claimant, Lapse, Observer, TryError, shown_holder};
+use super::claim::{self, Claimant, Lapse, Observer, Releaser, TryError, shown_holder};
 use crate::config::LeaderElectionSpec;
 use crate::lock;
 
@@ -296,49 +296,30 @@ impl Election {
     /// `ReleaseOnCancel`: no holder, `leaseDurationSeconds: 1`, so another
     /// replica takes it at its next try. Call it after the manager stopped.
     pub(crate) async fn release(&self) {
-        let attempt = || async {
-            let Some(mut lease) = self.leases.get_opt(&self.spec.lease_name).await? else {
-                return Ok::<bool, kube::Error>(false);
-            };
-            let old = lease.spec.clone().unwrap_or_default();
-            if !lock(&self.seen).observe(Some(&old), &self.identity).ours {
-                return Ok(false);
-            }
-            lease.spec = Some(claim::released(&old, &claim::micro_now()));
-            self.leases
-                .replace(&self.spec.lease_name, &PostParams::default(), &lease)
-                .await?;
-            Ok(true)
-        };
-        // As long as a renewal may take, not a retry's period: a release
-        // that takes that long still beats the others waiting out
-        // leaseDuration. A transport failure (a pooled connection that no
-        // longer works: "SendRequest") is tried again on a new one, within
-        // that time; the client itself never retries.
-        let attempts = async {
-            loop {
-                match attempt().await {
-                    Err(kube::Error::Service(err)) => {
-                        warn!(error = %err, "releasing the Lease failed in transport; trying again");
-                        // Not a busy loop against an apiserver that is down.
-                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    }
-                    done => return done,
-                }
-            }
-        };
-        match timeout(self.spec.renew_deadline, attempts).await {
-            Ok(Ok(true)) => info!(identity = %self.identity, "released the Lease"),
-            Ok(Ok(false)) => {}
-            Ok(Err(err)) => {
+        match claim::release(self.spec.renew_deadline, &mut &*self).await {
+            Ok(true) => info!(identity = %self.identity, "released the Lease"),
+            Ok(false) => {}
+            Err(err) => {
                 warn!(error = %err, "could not release the Lease; another replica takes it after leaseDuration");
             }
-            Err(_) => {
-                warn!(
-                    "releasing the Lease timed out; another replica takes it after leaseDuration"
-                );
-            }
         }
+    }
+}
+
+impl Releaser for &Election {
+    async fn release_once(&mut self) -> Result<bool, kube::Error> {
+        let Some(mut lease) = self.leases.get_opt(&self.spec.lease_name).await? else {
+            return Ok(false);
+        };
+        let old = lease.spec.clone().unwrap_or_default();
+        if !lock(&self.seen).observe(Some(&old), &self.identity).ours {
+            return Ok(false);
+        }
+        lease.spec = Some(claim::released(&old, &claim::micro_now()));
+        self.leases
+            .replace(&self.spec.lease_name, &PostParams::default(), &lease)
+            .await?;
+        Ok(true)
     }
 }
 

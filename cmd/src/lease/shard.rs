@@ -43,12 +43,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
 use prometheus::{IntGauge, IntGaugeVec, Opts, Registry};
 use tokio::sync::watch;
-use tokio::time::{Instant, timeout};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::Error;
-use super::claim::{self, Claimant, Lapse, Observer, TryError, shown_holder};
+use super::claim::{self, Claimant, Lapse, Observer, Releaser, TryError, shown_holder};
 use crate::config::{LeaderElectionSpec, ShardingSpec};
 use crate::lock;
 
@@ -479,44 +479,16 @@ impl Sharding {
         self.let_go();
         let deadline = Instant::now() + spec.renew_deadline;
         if self.until_applied(&BTreeSet::new(), deadline).await {
-            // As long as a renewal may take: a release that takes it still
-            // beats the others waiting out leaseDuration.
-            match timeout(spec.renew_deadline, self.release()).await {
-                Ok(Ok(true)) => {
+            match claim::release(spec.renew_deadline, &mut self).await {
+                Ok(true) => {
                     info!(identity = %self.identity, "shard Lease released: the other replicas take its remotes now");
                 }
-                Ok(Ok(false)) => {}
-                Ok(Err(err)) => {
+                Ok(false) => {}
+                Err(err) => {
                     warn!(error = %err, "could not release the shard Lease; the others take its remotes after leaseDuration");
                 }
-                Err(_) => warn!(
-                    "releasing the shard Lease timed out; the others take its remotes after leaseDuration"
-                ),
             }
         }
-    }
-
-    /// Writes this replica's Lease with no holder, if this process holds
-    /// it.
-    async fn release(&mut self) -> Result<bool, kube::Error> {
-        let name = self.lease_name();
-        let Some(mut lease) = self.leases.get_opt(&name).await? else {
-            return Ok(false);
-        };
-        let old = lease.spec.clone().unwrap_or_default();
-        if !self.own.observe(Some(&old), &self.identity).ours {
-            return Ok(false);
-        }
-        lease.spec = Some(claim::released(&old, &claim::micro_now()));
-        lease
-            .metadata
-            .annotations
-            .get_or_insert_with(BTreeMap::new)
-            .insert(VIEW_ANNOTATION.to_owned(), String::new());
-        self.leases
-            .replace(&name, &PostParams::default(), &lease)
-            .await?;
-        Ok(true)
     }
 
     /// Reads the group's Leases: this replica's own, and what each other
@@ -643,6 +615,31 @@ impl Sharding {
 /// What a round's error says, a conflict in words.
 fn round_error(err: kube::Error) -> TryError {
     TryError::of(err, "this replica's shard Lease", "round")
+}
+
+impl Releaser for Sharding {
+    /// Writes this replica's Lease with no holder, if this process holds
+    /// it.
+    async fn release_once(&mut self) -> Result<bool, kube::Error> {
+        let name = self.lease_name();
+        let Some(mut lease) = self.leases.get_opt(&name).await? else {
+            return Ok(false);
+        };
+        let old = lease.spec.clone().unwrap_or_default();
+        if !self.own.observe(Some(&old), &self.identity).ours {
+            return Ok(false);
+        }
+        lease.spec = Some(claim::released(&old, &claim::micro_now()));
+        lease
+            .metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(VIEW_ANNOTATION.to_owned(), String::new());
+        self.leases
+            .replace(&name, &PostParams::default(), &lease)
+            .await?;
+        Ok(true)
+    }
 }
 
 impl Claimant for Sharding {
