@@ -79,8 +79,8 @@ fn reporter(dir: &Path) -> PathBuf {
     std::fs::write(
         &script,
         format!(
-            "echo \"$$ $PPID\" > {d}/pid.next && mv {d}/pid.next {d}/pid\n\
-             env > {d}/env.next && mv {d}/env.next {d}/env\n\
+            "env > {d}/env.next && mv {d}/env.next {d}/env\n\
+             echo \"$$ $PPID\" > {d}/pid.next && mv {d}/pid.next {d}/pid\n\
              echo hello from the process\n\
              exec sleep 1000\n",
             d = dir.display()
@@ -91,7 +91,8 @@ fn reporter(dir: &Path) -> PathBuf {
 }
 
 /// The `(pid, parent pid)` the reporter wrote last, once it differs from
-/// `not`.
+/// `not`. The reporter writes its environment first, so it is there by
+/// then.
 async fn reported(dir: &Path, not: Option<u32>) -> (u32, u32) {
     until("the process reports its pid", DEADLINE, async || {
         let text = std::fs::read_to_string(dir.join("pid")).ok()?;
