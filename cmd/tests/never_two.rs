@@ -808,7 +808,15 @@ async fn a_conflict_on_renewal_is_a_failed_try_not_a_lost_lease() {
     let dir = tempfile::tempdir().expect("temp dir");
     let leases = kubeconfig(dir.path(), "leases", &server);
     let witness = Witness::new();
-    let section = election("w409", &leases, Some("only"), TIMINGS);
+    // A renewDeadline of many retry periods: the renewal after a lost one
+    // must land within it, and beside a CPU hog (stress-ng --cpu 2) a try
+    // took more than the 1s of TIMINGS.
+    let section = election(
+        "w409",
+        &leases,
+        Some("only"),
+        "leaseDuration: 6s, renewDeadline: 4s, retryPeriod: 300ms",
+    );
     let tether = elector("only", &server, &witness, &section, &[]);
     until("it leads", async || {
         some_leader_up(std::slice::from_ref(&tether)).await
