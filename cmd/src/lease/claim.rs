@@ -124,6 +124,11 @@ pub(crate) struct Observer {
     /// The `renewTime`s this process sent, newest last; a few, since a
     /// write whose answer was lost may still have landed.
     sent: VecDeque<jiff::Timestamp>,
+    /// The newest of them seen in a record: kept however many writes fail
+    /// after it, so that this process never takes its own record for a
+    /// twin's once more than a few renewals have failed (an apiserver down
+    /// for a few retry periods, or renewals that lose races).
+    landed: Option<jiff::Timestamp>,
 }
 
 /// How many of this process's `renewTime`s are remembered.
@@ -137,6 +142,7 @@ impl Observer {
             read: own.duration(),
             last: None,
             sent: VecDeque::with_capacity(SENT_KEPT),
+            landed: None,
         }
     }
 
@@ -204,11 +210,12 @@ impl Observer {
         let names_me = record
             .as_ref()
             .is_some_and(|r| r.holder_len == me.len() && r.holder == me);
-        let ours = names_me
-            && record
-                .as_ref()
-                .and_then(|r| r.renewed)
-                .is_some_and(|t| self.sent.contains(&t));
+        let renewed = record.as_ref().and_then(|r| r.renewed);
+        let ours =
+            names_me && renewed.is_some_and(|t| self.landed == Some(t) || self.sent.contains(&t));
+        if ours {
+            self.landed = renewed;
+        }
         Sighting {
             claim: claim.clone(),
             ours,
@@ -531,6 +538,21 @@ mod tests {
         seen.sending(&mine);
         let ours = seen.observe(Some(&record(ME, 15, &mine)), ME);
         assert!(ours.ours && !ours.twin, "{ours:?}");
+    }
+
+    #[test]
+    fn my_record_stays_mine_however_many_renewals_fail_after_it() {
+        let mut seen = Observer::new(duration(15));
+        let mine = micro_now();
+        seen.sending(&mine);
+        assert!(seen.observe(Some(&record(ME, 15, &mine)), ME).ours);
+        // Renewals that never land (409s, an apiserver down): each is sent,
+        // and the record keeps the one that did.
+        for _ in 0..3 * SENT_KEPT {
+            seen.sending(&micro_now());
+            let after = seen.observe(Some(&record(ME, 15, &mine)), ME);
+            assert!(after.ours && !after.twin, "{after:?}");
+        }
     }
 
     #[test]
