@@ -225,8 +225,23 @@ impl World {
                     kill(*p, "STOP");
                 }
                 tokio::time::sleep(LEASE_DURATION + Duration::from_secs(2)).await;
-                for p in pids.iter().rev() {
-                    kill(*p, "CONT");
+                // tether only: its manager stays frozen until tether has
+                // stopped it (a stopped process takes only the SIGKILL
+                // that follows the grace period). Thawed a moment after
+                // tether, or once a SIGTERM was pending, a manager on a
+                // loaded machine wrote as it woke, before tether's stop
+                // reached it (overlaps of 1.4 and 1.7s): no Lease protocol
+                // fences that, and docs/ha.md says so.
+                kill(pid, "CONT");
+                for p in &pids[..pids.len() - 1] {
+                    let gone = common::poll(DEADLINE, Duration::from_millis(10), async || {
+                        gone(*p).then_some(())
+                    })
+                    .await;
+                    assert!(
+                        gone.is_some(),
+                        "tether never stopped its frozen manager {p}"
+                    );
                 }
             }
             Fault::Killed | Fault::Terminated => {
@@ -267,6 +282,18 @@ impl World {
 }
 
 /// The last lines of the witness, for a failure's message.
+/// Whether `pid` is gone, or a zombie.
+fn gone(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .is_none_or(|status| {
+            status
+                .lines()
+                .filter_map(|l| l.strip_prefix("State:"))
+                .any(|state| state.trim_start().starts_with('Z'))
+        })
+}
+
 fn tail(log: &str) -> String {
     let lines: Vec<&str> = log.lines().collect();
     lines[lines.len().saturating_sub(40)..].join("\n")

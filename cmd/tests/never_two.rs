@@ -535,9 +535,10 @@ async fn the_exec_manager_runs_only_on_a_replica_with_a_share_and_is_told_it() {
     // machine a renewal past renewDeadline may move the remote meanwhile
     // (seen beside stress-ng --cpu 2).
     tokio::time::sleep(LEASE_DURATION).await;
-    until("one child holds the remote, a leaseDuration later", async || {
-        settled(&members, &witness, 1).await
-    })
+    until(
+        "one child holds the remote, a leaseDuration later",
+        async || settled(&members, &witness, 1).await,
+    )
     .await;
     let alive = witness.alive();
     println!(

@@ -76,6 +76,8 @@ pub(crate) struct Tether {
     pub(crate) child: Child,
     pub(crate) admin: String,
     stderr: Arc<Mutex<String>>,
+    /// Ends when tether's stderr closes.
+    stderr_closed: tokio::task::JoinHandle<()>,
     stdout: Arc<Mutex<String>>,
     _dir: tempfile::TempDir,
     pub(crate) config: std::path::PathBuf,
@@ -101,11 +103,20 @@ impl Drop for Tether {
 
 /// Collects what `pipe` gives, as text, until it closes.
 pub(crate) fn collect(
-    mut pipe: impl tokio::io::AsyncRead + Unpin + Send + 'static,
+    pipe: impl tokio::io::AsyncRead + Unpin + Send + 'static,
 ) -> Arc<Mutex<String>> {
+    collect_until_closed(pipe).0
+}
+
+/// [`collect`], and the task that ends when the pipe closes: a test that
+/// reads what a process said once it exited waits for that first, or it
+/// may read half a line (seen on a loaded machine).
+pub(crate) fn collect_until_closed(
+    mut pipe: impl tokio::io::AsyncRead + Unpin + Send + 'static,
+) -> (Arc<Mutex<String>>, tokio::task::JoinHandle<()>) {
     let text = Arc::new(Mutex::new(String::new()));
     let sink = Arc::clone(&text);
-    tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         let mut buf = [0u8; 4096];
         while let Ok(n) = pipe.read(&mut buf).await {
             if n == 0 {
@@ -116,7 +127,7 @@ pub(crate) fn collect(
                 .push_str(&String::from_utf8_lossy(&buf[..n]));
         }
     });
-    text
+    (text, task)
 }
 
 pub(crate) async fn remote(name: &str, tls: bool) -> ApiServer {
@@ -289,12 +300,13 @@ impl Tether {
             .kill_on_drop(true)
             .spawn()
             .expect("tether starts");
-        let stderr = collect(child.stderr.take().expect("piped"));
+        let (stderr, stderr_closed) = collect_until_closed(child.stderr.take().expect("piped"));
         let stdout = collect(child.stdout.take().expect("piped"));
         Self {
             child,
             admin,
             stderr,
+            stderr_closed,
             stdout,
             _dir: dir,
             config,
@@ -452,11 +464,15 @@ impl Tether {
         );
     }
 
+    /// Waits for tether to exit, and for what it said to be read: its
+    /// stderr closed (bounded: a child it left may hold the pipe open).
     pub(crate) async fn wait(&mut self) -> std::process::ExitStatus {
-        timeout(DEADLINE, self.child.wait())
+        let status = timeout(DEADLINE, self.child.wait())
             .await
             .expect("tether did not exit")
-            .expect("wait works")
+            .expect("wait works");
+        let _ = timeout(Duration::from_secs(5), &mut self.stderr_closed).await;
+        status
     }
 }
 
