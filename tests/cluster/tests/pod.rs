@@ -5,8 +5,10 @@
 //!
 //! One node and its two remotes serve every part, in order (the node starts
 //! in seconds, but its images' imports and the remotes add up): the
-//! README's quickstart as written, a lost and recovered remote,
-//! a rotated Secret, three replicas with leader election, the exec
+//! README's quickstart as written, scraped and alerted on by
+//! prometheus-operator's Prometheus and Alertmanager, a lost and recovered
+//! remote that reaches a person as an alert and its resolution, a rotated
+//! Secret, three replicas with leader election, the exec
 //! manager both ways the chart offers, and the controller in a container
 //! of its own, without tether's rights. Each part prints what it measured.
 
@@ -14,8 +16,10 @@ mod common;
 
 use std::time::Duration;
 
+use common::monitoring::{self, Monitoring};
 use common::{Kube, Pod, poll};
 use tether_testkit::ControlPlane;
+use tokio::time::Instant;
 
 /// The quickstart's namespace and release.
 const NS: &str = "tether";
@@ -25,20 +29,48 @@ const NS: &str = "tether";
 /// sync, and the kubelet's readiness period (5s).
 const READY_WITHIN: Duration = Duration::from_secs(90);
 
+/// The longest the chart's default probes take to count a hung remote
+/// unreachable: 3 failures 10s apart, each with a 5s timeout.
+const DETECTION: Duration = Duration::from_secs(45);
+
+/// The chart's default probe interval: a resumed remote's next probe.
+const PROBE_INTERVAL: Duration = Duration::from_secs(10);
+
 /// The longest a lost remote may take to show as NotReady: the probes'
-/// detection (3 failures 10s apart, each with a 5s timeout: at most 45s)
-/// plus the kubelet's two failed readiness checks 5s apart.
+/// detection plus the kubelet's two failed readiness checks 5s apart.
 const NOT_READY_WITHIN: Duration = Duration::from_secs(75);
+
+/// The chart's ServiceMonitor interval, and Prometheus's evaluation
+/// interval (`tests/cluster/monitoring/stack.yaml`, the operator's
+/// default).
+const SCRAPE: Duration = Duration::from_secs(30);
+const EVALUATION: Duration = Duration::from_secs(30);
+
+/// `TetherRemoteApiserverUnreachable`'s `for` (alerts/tether.rules.yaml).
+const UNREACHABLE_FOR: Duration = Duration::from_secs(300);
+
+/// The test's Alertmanager route (`stack.yaml`): a new group waits
+/// `group_wait`; a change in a group (its resolution) waits for the next
+/// `group_interval`.
+const GROUP_WAIT: Duration = Duration::from_secs(10);
+const GROUP_INTERVAL: Duration = Duration::from_secs(30);
+
+/// What a bound allows for the processes on the way (kubectl's poll, a
+/// request's latency): not a timing margin for the mechanisms above.
+const SLACK: Duration = Duration::from_secs(5);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tether_runs_as_a_pod_on_a_real_node() {
     let node = common::node().await;
     let kube = Kube::new(&node);
+    let monitoring = Monitoring::install(&kube, &node);
     let a = node.remote("cluster-a").await.expect("cluster-a starts");
     let b = node.remote("cluster-b").await.expect("cluster-b starts");
 
     let pod = quickstart(&kube, &a, &b).await;
-    remote_lost_and_back(&kube, &a, &pod).await;
+    status_through_port_forward(&kube, &node);
+    scraped_and_alerted_on(&kube, &monitoring).await;
+    remote_lost_and_back(&kube, &a, &pod, &monitoring).await;
     secret_rotated(&kube, &b, &pod).await;
     kube.helm(&["uninstall", "tether", "-n", NS, "--wait"]);
 
@@ -54,7 +86,6 @@ async fn tether_runs_as_a_pod_on_a_real_node() {
 /// kubeconfigs, then `helm install`. The pod turns Ready through the
 /// kubelet's own readiness probe on `/readyz`.
 async fn quickstart(kube: &Kube, a: &ControlPlane, b: &ControlPlane) -> String {
-    kube.apply_monitoring_crds();
     let dir = tempfile::tempdir().expect("temp dir");
     a.kubeconfig()
         .write(&dir.path().join("cluster-a.kubeconfig"))
@@ -86,6 +117,44 @@ async fn quickstart(kube: &Kube, a: &ControlPlane, b: &ControlPlane) -> String {
     pod.name
 }
 
+/// tether's `/status` page the README's way: `kubectl port-forward
+/// deploy/tether 9090`, then a browser on localhost.
+fn status_through_port_forward(kube: &Kube, node: &tether_testkit::Node) {
+    let begun = Instant::now();
+    let forward = kube
+        .port_forward(NS, "deploy/tether", 9090)
+        .unwrap_or_else(|err| panic!("{err}"));
+    match forward.get("/status", Duration::from_secs(20)) {
+        Ok(page) => {
+            assert!(
+                page.contains("cluster-a"),
+                "the page names the remotes:\n{page}"
+            );
+            println!("port-forward: /status answered in {:.1?}", begun.elapsed());
+            forward.stop();
+        }
+        Err(err) => {
+            let said = forward.stop();
+            let lines = |process: &str| {
+                node.log(process)
+                    .lines()
+                    .filter(|l| {
+                        l.to_lowercase().contains("portforward")
+                            || l.to_lowercase().contains("port forward")
+                    })
+                    .map(str::to_owned)
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            };
+            panic!(
+                "kubectl port-forward: {err}\nkubectl said: {said}\nkubelet:\n{}\ncontainerd:\n{}",
+                lines("kubelet"),
+                lines("containerd")
+            );
+        }
+    }
+}
+
 /// tether's `/status` page, through the apiserver's proxy to the pod's
 /// admin port: it names both remotes.
 fn status_page(kube: &Kube, pod: &str) {
@@ -98,10 +167,57 @@ fn status_page(kube: &Kube, pod: &str) {
     );
 }
 
+/// Prometheus, run by prometheus-operator, finds the quickstart's pod
+/// through its ServiceMonitor and scrapes it, and has loaded every alert
+/// of `alerts/tether.rules.yaml` from its PrometheusRule.
+async fn scraped_and_alerted_on(kube: &Kube, monitoring: &Monitoring) {
+    monitoring.until_ready(kube).await;
+    let query = r#"tether_remote_apiserver_reachable{remote="cluster-a"}"#;
+    let (sample, took) = poll(
+        "Prometheus scrapes tether through the ServiceMonitor",
+        // Its first scrape comes within a scrape interval of the target's
+        // discovery, which follows the config reloader's pass.
+        Duration::from_secs(120),
+        || {
+            Monitoring::query(kube, query)
+                .into_iter()
+                .find(|s| s["value"][1] == "1")
+        },
+        || {
+            format!(
+                "{:?}",
+                Monitoring::api(kube, "/api/v1/targets?state=active")
+            )
+        },
+    )
+    .await;
+    println!("alerts: {query} = 1 in Prometheus {took:.1?} after its stack was Ready");
+    assert_eq!(
+        (
+            sample["metric"]["namespace"].as_str(),
+            sample["metric"]["job"].as_str()
+        ),
+        (Some(NS), Some("tether")),
+        "scraped as the ServiceMonitor's job: {sample}"
+    );
+    let loaded = Monitoring::alert_rules(kube);
+    for alert in monitoring::tether_alerts() {
+        assert!(
+            loaded.contains(&alert),
+            "{alert} is loaded from the PrometheusRule: {loaded:?}"
+        );
+    }
+}
+
 /// One remote's apiserver hangs (SIGSTOP): the pod turns NotReady (0/1),
-/// its log and Events say why, and it turns Ready again after the remote
-/// resumes, with no container restart.
-async fn remote_lost_and_back(kube: &Kube, a: &ControlPlane, pod: &str) {
+/// its log and Events say why, `TetherRemoteApiserverUnreachable` goes
+/// pending, then firing, and reaches the person through Alertmanager; it
+/// turns Ready again after the remote resumes, with no container restart,
+/// and the person gets the alert's resolution. No other tether alert fires
+/// on the way.
+async fn remote_lost_and_back(kube: &Kube, a: &ControlPlane, pod: &str, monitoring: &Monitoring) {
+    let wall = std::time::SystemTime::now();
+    let fault = Instant::now();
     a.pause();
     let (_, took) = until_pod(
         kube,
@@ -130,7 +246,9 @@ async fn remote_lost_and_back(kube: &Kube, a: &ControlPlane, pod: &str) {
         || format!("{:?}", kube.event_reasons(NS, pod)),
     )
     .await;
+    alert_fires(kube, monitoring, wall, fault).await;
 
+    let resumed = Instant::now();
     a.resume();
     let (back, took) = until_pod(
         kube,
@@ -142,6 +260,132 @@ async fn remote_lost_and_back(kube: &Kube, a: &ControlPlane, pod: &str) {
     println!("loss: SIGCONT to Ready in {took:.1?}");
     assert_eq!(back.name, pod, "the same pod");
     assert_eq!(back.restarts, 0, "liveness never depends on a remote");
+    alert_resolves(kube, monitoring, resumed).await;
+}
+
+/// The unreachable alert for cluster-a, as the person receives it.
+fn unreachable_a(alert: &tether_testkit::Alert) -> bool {
+    alert.label("alertname") == "TetherRemoteApiserverUnreachable"
+        && alert.label("remote") == "cluster-a"
+}
+
+/// `TetherRemoteApiserverUnreachable{remote="cluster-a"}` goes pending,
+/// then firing in Prometheus, and its notification reaches the webhook,
+/// each within the bound the probes, the scrape, the evaluation, the
+/// rule's `for` and Alertmanager's `group_wait` give, and never before the
+/// `for`.
+async fn alert_fires(
+    kube: &Kube,
+    monitoring: &Monitoring,
+    wall: std::time::SystemTime,
+    fault: Instant,
+) {
+    let firing_bound = DETECTION + SCRAPE + EVALUATION + UNREACHABLE_FOR + SLACK;
+    let (alert, _) = monitoring::poll_slowly(
+        "TetherRemoteApiserverUnreachable firing for cluster-a",
+        firing_bound.saturating_sub(fault.elapsed()),
+        || {
+            Monitoring::alerts(kube).into_iter().find(|alert| {
+                alert["labels"]["alertname"] == "TetherRemoteApiserverUnreachable"
+                    && alert["labels"]["remote"] == "cluster-a"
+                    && alert["state"] == "firing"
+            })
+        },
+        || format!("{:#?}", Monitoring::alerts(kube)),
+    )
+    .await;
+    let firing = fault.elapsed();
+    let pending = monitoring::since(wall, &alert["activeAt"]);
+    println!(
+        "alerts: SIGSTOP to pending in {pending:.1?} (bound {:?}), to firing in {firing:.1?} (bound {firing_bound:?})",
+        DETECTION + SCRAPE + EVALUATION
+    );
+    assert!(
+        firing >= UNREACHABLE_FOR,
+        "fired after {firing:?}, before its `for` of {UNREACHABLE_FOR:?}"
+    );
+    assert!(
+        alert["annotations"]["runbook_url"]
+            .as_str()
+            .is_some_and(|url| url.ends_with("docs/runbooks.md#tetherremoteapiserverunreachable")),
+        "the runbook's URL: {alert}"
+    );
+
+    let webhook_bound = firing_bound + GROUP_WAIT;
+    let (notification, took) = monitoring::poll_slowly(
+        "the firing alert at the webhook",
+        webhook_bound.saturating_sub(fault.elapsed()),
+        || {
+            monitoring
+                .webhook()
+                .notifications()
+                .into_iter()
+                .find(|n| n.status == "firing" && n.alerts.iter().any(unreachable_a))
+        },
+        || format!("{:#?}", monitoring.webhook().notifications()),
+    )
+    .await;
+    let delivered = notification.at - fault;
+    println!(
+        "alerts: SIGSTOP to the webhook's firing notification in {delivered:.1?} (bound {webhook_bound:?}; {took:.1?} after Prometheus showed it firing)"
+    );
+    let alert = notification
+        .alerts
+        .iter()
+        .find(|a| unreachable_a(a))
+        .expect("the alert");
+    assert_eq!(alert.label("severity"), "critical");
+    assert!(
+        alert
+            .annotations
+            .get("runbook_url")
+            .is_some_and(|u| u.contains("runbooks.md")),
+        "the person gets the runbook: {alert:?}"
+    );
+}
+
+/// After cluster-a resumed, the person gets the resolution, within the
+/// probes' next success, a scrape, an evaluation and Alertmanager's
+/// `group_interval`; and nothing else ever reached them: no other tether
+/// alert fired during the whole run.
+async fn alert_resolves(kube: &Kube, monitoring: &Monitoring, resumed: Instant) {
+    let bound = PROBE_INTERVAL + SCRAPE + EVALUATION + GROUP_INTERVAL + SLACK;
+    let (notification, _) = monitoring::poll_slowly(
+        "the resolution at the webhook",
+        bound.saturating_sub(resumed.elapsed()),
+        || {
+            monitoring.webhook().notifications().into_iter().find(|n| {
+                n.at > resumed
+                    && n.alerts
+                        .iter()
+                        .any(|a| unreachable_a(a) && a.status == "resolved")
+            })
+        },
+        || format!("{:#?}", monitoring.webhook().notifications()),
+    )
+    .await;
+    println!(
+        "alerts: SIGCONT to the webhook's resolved notification in {:.1?} (bound {bound:?})",
+        notification.at - resumed
+    );
+    for notification in monitoring.webhook().notifications() {
+        assert!(
+            notification.alerts.iter().all(unreachable_a),
+            "only cluster-a's unreachable alert reached the person: {notification:?}"
+        );
+    }
+    let others = Monitoring::query(
+        kube,
+        r#"max_over_time(ALERTS{alertname=~"Tether.+",alertname!="TetherRemoteApiserverUnreachable"}[1h])"#,
+    );
+    let firing: Vec<_> = others
+        .iter()
+        .filter(|s| s["metric"]["alertstate"] == "firing")
+        .collect();
+    assert!(firing.is_empty(), "no other tether alert fired: {firing:?}");
+    if !others.is_empty() {
+        println!("alerts: pending on the way, never firing: {others:?}");
+    }
 }
 
 /// cluster-b is made anew (a new CA and token on the same address): the

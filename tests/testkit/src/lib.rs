@@ -30,6 +30,7 @@ mod node;
 pub mod plumbing;
 pub mod procfs;
 mod real;
+mod webhook;
 
 pub use tether_sim::{
     ApiServer, Fault, Kubeconfig, Options, Requests, Resource, Restart, Rotation, Stats,
@@ -44,6 +45,7 @@ pub use crate::plumbing::{
     EVERY, free_port, fuzz_budget, http_get, median_max, poll, until, until_every,
 };
 pub use crate::real::{ControlPlane, RealOptions, SERVICE_IP, peer};
+pub use crate::webhook::{Alert, AlertWebhook, Notification};
 
 /// What can go wrong when running a peer for a test.
 #[derive(Debug, thiserror::Error)]

@@ -13,6 +13,7 @@
 //!   and every rule in it.
 
 use std::net::Ipv4Addr;
+use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicU16, AtomicU32, Ordering};
 
@@ -161,6 +162,39 @@ impl TestHost {
     #[must_use]
     pub fn namespace(&self) -> &str {
         &self.namespace
+    }
+
+    /// A TCP listener on `port` of [`addr`](Self::addr), inside the
+    /// namespace: for a server the test runs itself that the namespace's
+    /// own peers (the node's pods) must reach. The socket is made on a
+    /// thread of its own that enters the namespace and ends; it stays in
+    /// the namespace it was made in.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`] if the namespace cannot be entered, and
+    /// [`Error::Bind`] if the port is taken.
+    ///
+    /// # Panics
+    ///
+    /// If the thread that makes the socket panics.
+    pub fn listen(&self, port: u16) -> Result<std::net::TcpListener> {
+        let path = Path::new("/var/run/netns").join(&self.namespace);
+        let addr = std::net::SocketAddr::from((self.addr, port));
+        std::thread::spawn(move || {
+            let namespace = std::fs::File::open(path)?;
+            rustix::thread::move_into_link_name_space(
+                std::os::fd::AsFd::as_fd(&namespace),
+                Some(rustix::thread::LinkNameSpaceType::Network),
+            )
+            .map_err(std::io::Error::from)?;
+            let listener =
+                std::net::TcpListener::bind(addr).map_err(|source| Error::Bind { addr, source })?;
+            listener.set_nonblocking(true)?;
+            Ok(listener)
+        })
+        .join()
+        .expect("the thread that makes the socket")
     }
 
     /// A command that runs `program` inside the namespace.

@@ -193,6 +193,17 @@ impl Node {
         .await
     }
 
+    /// A TCP listener on a fresh port of the node's address, where its
+    /// pods reach it: for a server the test runs itself, such as an
+    /// [`AlertWebhook`](crate::AlertWebhook).
+    ///
+    /// # Errors
+    ///
+    /// As [`TestHost::listen`].
+    pub fn listen(&self) -> Result<std::net::TcpListener> {
+        self.host.listen(self.host.take_port())
+    }
+
     /// Imports an OCI archive (`buildah push oci-archive:...`) into
     /// containerd's `k8s.io` namespace, where the kubelet finds its images.
     ///

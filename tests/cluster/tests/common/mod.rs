@@ -5,6 +5,8 @@
 // Each test file compiles this module on its own and uses part of it.
 #![allow(dead_code)]
 
+pub(crate) mod monitoring;
+
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -35,7 +37,16 @@ pub(crate) async fn node() -> Node {
     let node = Node::start()
         .await
         .unwrap_or_else(|err| panic!("the node starts: {err}"));
-    for image in ["pause", "tether", "controller", "controller-tether"] {
+    for image in [
+        "pause",
+        "tether",
+        "controller",
+        "controller-tether",
+        "prometheus-operator",
+        "prometheus-config-reloader",
+        "prometheus",
+        "alertmanager",
+    ] {
         let archive = images.join(format!("{image}.tar"));
         assert!(
             archive.is_file(),
@@ -111,29 +122,6 @@ impl Kube {
             .unwrap_or_else(|err| panic!("helm {}: {err}", args.join(" ")))
     }
 
-    /// `kubectl apply -f` of prometheus-operator's ServiceMonitor and
-    /// PrometheusRule CRDs, which the quickstart's values need.
-    pub(crate) fn apply_monitoring_crds(&self) {
-        let crds = peers().join("crds");
-        self.kubectl(&[
-            "apply",
-            "--server-side",
-            "-f",
-            crds.to_str().expect("a UTF-8 path"),
-        ]);
-        for crd in [
-            "servicemonitors.monitoring.coreos.com",
-            "prometheusrules.monitoring.coreos.com",
-        ] {
-            self.kubectl(&[
-                "wait",
-                "--for=condition=Established",
-                "--timeout=60s",
-                &format!("crd/{crd}"),
-            ]);
-        }
-    }
-
     /// The pods of `release` in `namespace`.
     pub(crate) fn pods(&self, namespace: &str, release: &str) -> Vec<Pod> {
         let list = self.json(&[
@@ -164,6 +152,57 @@ impl Kube {
             ],
         )
         .ok()
+    }
+
+    /// `kubectl -n namespace port-forward target 0:port`, as the README
+    /// says to reach the status page: the running forward, once kubectl
+    /// says which local port it took, or what kubectl said instead.
+    pub(crate) fn port_forward(
+        &self,
+        namespace: &str,
+        target: &str,
+        port: u16,
+    ) -> Result<PortForward, String> {
+        let mut child = self
+            .command("kubectl")
+            .args([
+                "-n",
+                namespace,
+                "port-forward",
+                target,
+                &format!("0:{port}"),
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|err| format!("kubectl runs: {err}"))?;
+        let stdout = child.stdout.take().expect("piped");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead as _;
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                // "Forwarding from 127.0.0.1:41234 -> 9090"
+                let local = line
+                    .strip_prefix("Forwarding from 127.0.0.1:")
+                    .and_then(|rest| rest.split_whitespace().next())
+                    .and_then(|p| p.parse::<u16>().ok());
+                if let Some(local) = local {
+                    let _ = tx.send(local);
+                }
+            }
+        });
+        if let Ok(local) = rx.recv_timeout(Duration::from_secs(30)) {
+            return Ok(PortForward { child, local });
+        }
+        let _ = child.kill();
+        let output = child.wait_with_output().map_err(|err| err.to_string())?;
+        Err(format!(
+            "kubectl port-forward named no local port within 30s: {}",
+            String::from_utf8_lossy(&output.stderr)
+        ))
     }
 
     /// The Event reasons on `pod`, oldest first.
@@ -203,6 +242,67 @@ impl Kube {
                 &format!("--from-file=kubeconfig={}", file.display()),
             ]);
         }
+    }
+}
+
+/// A running `kubectl port-forward`, stopped on drop.
+pub(crate) struct PortForward {
+    child: std::process::Child,
+    local: u16,
+}
+
+impl PortForward {
+    /// `GET path` on the forwarded port, as a browser would: the body of a
+    /// 200, or why there is none. Every step is bounded by `within`.
+    pub(crate) fn get(&self, path: &str, within: Duration) -> Result<String, String> {
+        use std::io::{Read as _, Write as _};
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.local));
+        let mut stream = std::net::TcpStream::connect_timeout(&addr, within)
+            .map_err(|err| format!("connect to {addr}: {err}"))?;
+        stream
+            .set_read_timeout(Some(within))
+            .map_err(|e| e.to_string())?;
+        stream
+            .set_write_timeout(Some(within))
+            .map_err(|e| e.to_string())?;
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+        )
+        .map_err(|err| format!("send: {err}"))?;
+        let mut answer = Vec::new();
+        // At most 4 MiB: the status page is a few dozen KiB.
+        (&mut stream)
+            .take(4 << 20)
+            .read_to_end(&mut answer)
+            .map_err(|err| format!("no answer within {within:?}: {err}"))?;
+        let answer = String::from_utf8_lossy(&answer).into_owned();
+        if answer.starts_with("HTTP/1.1 200") {
+            Ok(answer)
+        } else {
+            Err(format!(
+                "not a 200: {}",
+                answer.lines().next().unwrap_or("(nothing)")
+            ))
+        }
+    }
+
+    /// What kubectl said on stderr so far, once stopped.
+    pub(crate) fn stop(mut self) -> String {
+        let _ = self.child.kill();
+        let mut stderr = String::new();
+        if let Some(mut pipe) = self.child.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut pipe, &mut stderr);
+        }
+        let _ = self.child.wait();
+        stderr
+    }
+}
+
+impl Drop for PortForward {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -250,11 +350,22 @@ impl From<&Value> for Pod {
 pub(crate) async fn poll<T>(
     what: &str,
     deadline: Duration,
+    check: impl FnMut() -> Option<T>,
+    context: impl Fn() -> String,
+) -> (T, Duration) {
+    poll_every(what, deadline, EVERY, check, context).await
+}
+
+/// [`poll`], looking every `every`.
+pub(crate) async fn poll_every<T>(
+    what: &str,
+    deadline: Duration,
+    every: Duration,
     mut check: impl FnMut() -> Option<T>,
     context: impl Fn() -> String,
 ) -> (T, Duration) {
     let begun = Instant::now();
-    let value = tether_testkit::poll(deadline, EVERY, async || check()).await;
+    let value = tether_testkit::poll(deadline, every, async || check()).await;
     let value = value.unwrap_or_else(|| panic!("{what}: not within {deadline:?}\n{}", context()));
     (value, begun.elapsed())
 }
