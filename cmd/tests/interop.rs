@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::{DEADLINE, Shape, Tether, children, kill, real_plane};
+use common::{DEADLINE, Shape, Tether, children, kill, real_plane, running};
 use k8s_openapi::api::coordination::v1::Lease;
 use tether_testkit::{ControlPlane, RealOptions, peer};
 
@@ -235,7 +235,7 @@ impl World {
                 kill(pid, "CONT");
                 for p in &pids[..pids.len() - 1] {
                     let gone = common::poll(DEADLINE, Duration::from_millis(10), async || {
-                        gone(*p).then_some(())
+                        (!running(*p)).then_some(())
                     })
                     .await;
                     assert!(
@@ -282,18 +282,6 @@ impl World {
 }
 
 /// The last lines of the witness, for a failure's message.
-/// Whether `pid` is gone, or a zombie.
-fn gone(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .is_none_or(|status| {
-            status
-                .lines()
-                .filter_map(|l| l.strip_prefix("State:"))
-                .any(|state| state.trim_start().starts_with('Z'))
-        })
-}
-
 fn tail(log: &str) -> String {
     let lines: Vec<&str> = log.lines().collect();
     lines[lines.len().saturating_sub(40)..].join("\n")
