@@ -23,6 +23,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod audit;
 mod control;
 mod hostile;
 mod netns;
@@ -37,6 +38,7 @@ pub use tether_sim::{
     check_label_selector, parse_duration,
 };
 
+pub use crate::audit::{Watch, overlapping};
 pub use crate::control::serve_control;
 pub use crate::hostile::{FORGED_LINE, HostileServer, Hostility};
 pub use crate::netns::TestHost;

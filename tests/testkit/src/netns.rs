@@ -182,16 +182,38 @@ impl TestHost {
         let path = Path::new("/var/run/netns").join(&self.namespace);
         let addr = std::net::SocketAddr::from((self.addr, port));
         std::thread::spawn(move || {
-            let namespace = std::fs::File::open(path)?;
-            rustix::thread::move_into_link_name_space(
-                std::os::fd::AsFd::as_fd(&namespace),
-                Some(rustix::thread::LinkNameSpaceType::Network),
-            )
-            .map_err(std::io::Error::from)?;
+            enter(&path)?;
             let listener =
                 std::net::TcpListener::bind(addr).map_err(|source| Error::Bind { addr, source })?;
             listener.set_nonblocking(true)?;
             Ok(listener)
+        })
+        .join()
+        .expect("the thread that makes the socket")
+    }
+
+    /// A TCP connection to `addr` made inside the namespace, within
+    /// `timeout`: for the test to reach what only the namespace's peers
+    /// can (a pod's port). As [`listen`](Self::listen), the socket is made
+    /// on a thread of its own and stays in the namespace.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`] if the namespace cannot be entered or the connection
+    /// fails.
+    ///
+    /// # Panics
+    ///
+    /// If the thread that makes the socket panics.
+    pub fn connect(
+        &self,
+        addr: std::net::SocketAddr,
+        timeout: std::time::Duration,
+    ) -> Result<std::net::TcpStream> {
+        let path = Path::new("/var/run/netns").join(&self.namespace);
+        std::thread::spawn(move || {
+            enter(&path)?;
+            Ok(std::net::TcpStream::connect_timeout(&addr, timeout)?)
         })
         .join()
         .expect("the thread that makes the socket")
@@ -254,4 +276,14 @@ impl Drop for TestHost {
         let _ = run("ip", &["netns", "del", &self.namespace]);
         let _ = run("ip", &["link", "del", &self.veth]);
     }
+}
+
+/// Moves this thread into the network namespace at `path`.
+fn enter(path: &Path) -> std::io::Result<()> {
+    let namespace = std::fs::File::open(path)?;
+    rustix::thread::move_into_link_name_space(
+        std::os::fd::AsFd::as_fd(&namespace),
+        Some(rustix::thread::LinkNameSpaceType::Network),
+    )
+    .map_err(std::io::Error::from)
 }

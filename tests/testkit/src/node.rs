@@ -178,8 +178,9 @@ impl Node {
     }
 
     /// Starts another real control plane on the node's address: a remote
-    /// cluster its pods can reach, and that [`ControlPlane::pause`] can
-    /// hang.
+    /// cluster its pods can reach, that [`ControlPlane::pause`] can hang,
+    /// and whose watches [`ControlPlane::watches`] lists (with each pod's
+    /// IP as the source).
     ///
     /// # Errors
     ///
@@ -188,7 +189,8 @@ impl Node {
         ControlPlane::start(
             RealOptions::default()
                 .name(name)
-                .on_host(Arc::clone(&self.host)),
+                .on_host(Arc::clone(&self.host))
+                .audit_watches(true),
         )
         .await
     }
@@ -202,6 +204,20 @@ impl Node {
     /// As [`TestHost::listen`].
     pub fn listen(&self) -> Result<std::net::TcpListener> {
         self.host.listen(self.host.take_port())
+    }
+
+    /// A TCP connection to `addr` made from inside the node's network
+    /// namespace: to a pod's own port, which the machine cannot reach.
+    ///
+    /// # Errors
+    ///
+    /// As [`TestHost::connect`].
+    pub fn connect(
+        &self,
+        addr: std::net::SocketAddr,
+        timeout: Duration,
+    ) -> Result<std::net::TcpStream> {
+        self.host.connect(addr, timeout)
     }
 
     /// Imports an OCI archive (`buildah push oci-archive:...`) into

@@ -78,6 +78,7 @@ pub struct RealOptions {
     host: bool,
     shared: Option<Arc<TestHost>>,
     service_endpoints: bool,
+    audit_watches: bool,
 }
 
 impl RealOptions {
@@ -118,6 +119,14 @@ impl RealOptions {
     #[must_use]
     pub fn service_endpoints(mut self, on: bool) -> Self {
         self.service_endpoints = on;
+        self
+    }
+
+    /// Logs every watch's start and end in the apiserver's audit log, for
+    /// [`ControlPlane::watches`]: a witness of who watched it, and when.
+    #[must_use]
+    pub fn audit_watches(mut self, on: bool) -> Self {
+        self.audit_watches = on;
         self
     }
 }
@@ -241,6 +250,8 @@ struct Running {
     etcd: Option<Process>,
     apiserver: Option<Process>,
     incarnation: u32,
+    /// When each incarnation's apiserver was started, the first first.
+    started: Vec<jiff::Timestamp>,
 }
 
 /// A real etcd and kube-apiserver on one address.
@@ -320,6 +331,7 @@ impl ControlPlane {
                 etcd: None,
                 apiserver: None,
                 incarnation: 0,
+                started: Vec::new(),
             }),
             started_in: Duration::ZERO,
         };
@@ -426,11 +438,25 @@ impl ControlPlane {
                 "--shutdown-delay-duration={}ms",
                 self.options.shutdown_delay.as_millis()
             ));
+        let incarnation = self.running().incarnation + 1;
+        if self.options.audit_watches {
+            std::fs::write(dir.join("audit-policy.yaml"), crate::audit::POLICY)?;
+            command
+                .arg(format!("--audit-policy-file={}", file("audit-policy.yaml")))
+                .arg(format!(
+                    "--audit-log-path={}",
+                    file(&format!("audit-{incarnation}.log"))
+                ))
+                // Each event is written before the request goes on, so the
+                // log's order is the apiserver's.
+                .arg("--audit-log-mode=blocking");
+        }
         let process = Process::spawn(command, "kube-apiserver", log)?;
         {
             let mut running = self.running();
             running.apiserver = Some(process);
-            running.incarnation += 1;
+            running.incarnation = incarnation;
+            running.started.push(jiff::Timestamp::now());
         }
         self.until(
             || async {
@@ -671,6 +697,30 @@ impl ControlPlane {
     #[must_use]
     pub fn file(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
+    }
+
+    /// Every watch of this plane so far, in the order they opened, from
+    /// its audit logs ([`RealOptions::audit_watches`]), one per incarnation:
+    /// a watch left open by an apiserver since killed ended by the time
+    /// the next one started.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] without `audit_watches`; [`Error::Io`] if the
+    /// log cannot be read.
+    pub fn watches(&self) -> Result<Vec<crate::audit::Watch>> {
+        if !self.options.audit_watches {
+            return Err(Error::Unsupported(
+                "watches need a plane started with audit_watches",
+            ));
+        }
+        let started = self.running().started.clone();
+        let mut watches = Vec::new();
+        for (index, _) in started.iter().enumerate() {
+            let log = self.dir.path().join(format!("audit-{}.log", index + 1));
+            watches.extend(crate::audit::read(&log, started.get(index + 1).copied())?);
+        }
+        Ok(watches)
     }
 
     /// The apiserver's log so far.
