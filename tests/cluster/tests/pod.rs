@@ -8,7 +8,8 @@
 //! README's quickstart as written, scraped and alerted on by
 //! prometheus-operator's Prometheus and Alertmanager, a lost and recovered
 //! remote that reaches a person as an alert and its resolution, a rotated
-//! Secret, three replicas with leader election, the exec
+//! Secret, three replicas with leader election, a release of three
+//! upgraded in place from the previous release and rolled back, the exec
 //! manager both ways the chart offers, and the controller in a container
 //! of its own, without tether's rights. Each part prints what it measured.
 
@@ -17,6 +18,7 @@ mod common;
 use std::time::Duration;
 
 use common::monitoring::{self, Monitoring};
+use common::upgrade::{Release, Settled};
 use common::{Kube, Pod, poll};
 use tether_testkit::ControlPlane;
 use tokio::time::Instant;
@@ -75,6 +77,7 @@ async fn tether_runs_as_a_pod_on_a_real_node() {
     kube.helm(&["uninstall", "tether", "-n", NS, "--wait"]);
 
     three_replicas(&kube, &a, &b).await;
+    upgraded_in_place(&kube, &node, &a, &b).await;
     for way in [Way::InTheImage, Way::CopiedIn] {
         exec_manager(&kube, &a, way).await;
     }
@@ -97,7 +100,14 @@ async fn quickstart(kube: &Kube, a: &ControlPlane, b: &ControlPlane) -> String {
 
     let (pod, took) = until_pod(kube, "the quickstart's pod Ready", true, READY_WITHIN).await;
     println!("quickstart: helm install to Ready in {took:.1?}");
-    assert_eq!(pod.restarts, 0, "no restart on the way: {pod:?}");
+    assert_eq!(
+        pod.restarts,
+        0,
+        "no restart on the way: {pod:?}\n{}\nthe container before the restart said:\n{}",
+        describe(kube),
+        kube.try_run("kubectl", &["-n", NS, "logs", "--previous", &pod.name])
+            .unwrap_or_else(|e| e)
+    );
     let spec = kube.json(&["-n", NS, "get", "pod", &pod.name]);
     let probe = &spec["spec"]["containers"][0]["readinessProbe"]["httpGet"];
     assert_eq!(
@@ -509,6 +519,180 @@ replicaCount: 3
     kube.helm(&["uninstall", HA, "-n", HA, "--wait"]);
 }
 
+/// The upgrade in place's namespace and release.
+const UP: &str = "upgrade";
+
+/// Three replicas of the previous release (`tests/cluster/previous`: its
+/// chart and its image, which `scripts/cluster` builds), upgraded in place
+/// to this one with a config change (the manager watches ConfigMaps too),
+/// then rolled back. Each change is looked at as it happens
+/// ([`Release::change`]): the remotes' audit logs witness that no two pods
+/// ever had watches open at once, and at every look the Lease names one
+/// pod of the release, the budget's floor holds, and no two pods say their
+/// manager is up. The manager's absence, each time it moved, is within the
+/// failover bound.
+async fn upgraded_in_place(
+    kube: &Kube,
+    node: &tether_testkit::Node,
+    a: &ControlPlane,
+    b: &ControlPlane,
+) {
+    let root = common::root();
+    let previous = std::fs::read_to_string(root.join("tests/cluster/previous"))
+        .expect("tests/cluster/previous names the previous release");
+    let previous = previous.trim();
+    let old_chart = root.join("target/upgrade/src/helm/tether");
+    assert!(
+        old_chart.is_dir(),
+        "{} is missing: scripts/cluster extracts the previous release there",
+        old_chart.display()
+    );
+    let old_image = "localhost/tether:previous";
+    let new_image = format!("localhost/tether:{}", env!("CARGO_PKG_VERSION"));
+    kube.secrets(UP, &[("cluster-a", a), ("cluster-b", b)]);
+    let values = "remotes:
+  - {name: cluster-a, secretName: tether-cluster-a}
+  - {name: cluster-b, secretName: tether-cluster-b}
+replicaCount: 3
+";
+    let changed = format!(
+        "{values}config:
+  watch:
+    - {{apiVersion: v1, kind: Namespace}}
+    - {{apiVersion: v1, kind: ConfigMap}}
+"
+    );
+    let (values, changed) = (values_file(values), values_file(&changed));
+    let release = Release {
+        kube,
+        node,
+        name: UP,
+        remotes: [a, b],
+        since: jiff::Timestamp::now(),
+    };
+    kube.helm(&[
+        "install",
+        UP,
+        old_chart.to_str().expect("UTF-8"),
+        "-n",
+        UP,
+        "-f",
+        values.path().to_str().expect("UTF-8"),
+        "--set",
+        "image.tag=previous",
+    ]);
+    let (pods, took) = all_ready(kube, UP, 3).await;
+    only_leader(kube, UP, &pods).await;
+    println!(
+        "upgrade: the previous release ({}) installed, 3 Ready in {took:.1?}",
+        &previous[..12]
+    );
+
+    let chart = root.join("helm/tether");
+    let upgraded = release.change(
+        "helm upgrade",
+        || {
+            kube.helm(&[
+                "upgrade",
+                UP,
+                chart.to_str().expect("UTF-8"),
+                "-n",
+                UP,
+                "-f",
+                changed.path().to_str().expect("UTF-8"),
+                "--wait",
+                "--timeout",
+                "3m",
+            ]);
+        },
+        &Settled {
+            image: &new_image,
+            watched: &["configmaps", "namespaces"],
+        },
+        READY_WITHIN,
+    );
+    moved_within_bounds("helm upgrade", &upgraded);
+    let rolled_back = release.change(
+        "helm rollback",
+        || {
+            kube.helm(&["rollback", UP, "1", "-n", UP, "--wait", "--timeout", "3m"]);
+        },
+        &Settled {
+            image: old_image,
+            watched: &["namespaces"],
+        },
+        READY_WITHIN,
+    );
+    moved_within_bounds("helm rollback", &rolled_back);
+    rolled_back_to_the_first(kube);
+    kube.helm(&["uninstall", UP, "-n", UP, "--wait"]);
+}
+
+/// Asserts that the release's history ends in the rollback to its first
+/// revision, deployed.
+fn rolled_back_to_the_first(kube: &Kube) {
+    let history: serde_json::Value =
+        serde_json::from_str(&kube.helm(&["history", UP, "-n", UP, "-o", "json"]))
+            .expect("helm prints JSON");
+    let last = &history[2];
+    assert_eq!(
+        (
+            last["revision"].as_i64(),
+            last["status"].as_str(),
+            last["description"].as_str()
+        ),
+        (Some(3), Some("deployed"), Some("Rollback to 1")),
+        "the third revision is the rollback, deployed: {history}"
+    );
+}
+
+/// Asserts what an upgrade or a rollback must show: the manager moved (every
+/// pod was replaced), each time within the failover bound, and the witness
+/// saw watches from more than one pod on each remote; prints the figures.
+fn moved_within_bounds(what: &str, measured: &common::upgrade::Measured) {
+    let seconds = |d: &[Duration]| {
+        d.iter()
+            .map(|d| format!("{:.1}", d.as_secs_f64()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    println!(
+        "upgrade: {what}: settled in {:.1?} ({} looks); the manager moved {}; no manager for {} s; the Lease without a holder for at most {:.1?}; fewest Ready {} (the budget's floor {}); the witness: {:?} watches (pods) on the remotes, never two pods at once",
+        measured.took,
+        measured.looks,
+        measured.leaders.join(" -> "),
+        seconds(&measured.gaps),
+        measured.holderless,
+        measured.fewest_ready,
+        common::upgrade::BUDGET_FLOOR,
+        measured.watches,
+    );
+    assert!(
+        measured.leaders.len() >= 2,
+        "{what}: the manager never moved: {:?}",
+        measured.leaders
+    );
+    let longest = measured.gaps.iter().max().copied().unwrap_or_default();
+    assert!(
+        longest <= FAILOVER_WITHIN && measured.holderless <= FAILOVER_WITHIN,
+        "{what}: no manager for {longest:.1?}, no holder for {:.1?}: over {FAILOVER_WITHIN:?}",
+        measured.holderless
+    );
+    for (watches, pods) in &measured.watches {
+        assert!(
+            *pods >= 2,
+            "{what}: the witness saw {watches} watches from {pods} pod on a remote"
+        );
+    }
+}
+
+/// `values` in a temporary file, for `helm -f`.
+fn values_file(values: &str) -> tempfile::NamedTempFile {
+    let file = tempfile::NamedTempFile::new().expect("temp file");
+    std::fs::write(file.path(), values).expect("values");
+    file
+}
+
 /// The longest a deleted leader's Lease may take to move: the leader
 /// stops its manager and releases it (SIGTERM from the kubelet), and a
 /// follower takes it within `retryPeriod` (2s, with 20% jitter); a leader
@@ -861,8 +1045,7 @@ fn argocd_cluster(kube: &Kube, name: &str, plane: &ControlPlane) {
 /// `helm install <namespace> <chart> -n <namespace> -f <values>`: the
 /// release is named for its namespace.
 fn install(kube: &Kube, namespace: &str, values: &str) {
-    let file = tempfile::NamedTempFile::new().expect("temp file");
-    std::fs::write(file.path(), values).expect("values");
+    let file = values_file(values);
     let chart = common::root().join("helm/tether");
     kube.helm(&[
         "install",

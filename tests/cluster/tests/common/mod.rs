@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub(crate) mod monitoring;
+pub(crate) mod upgrade;
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
@@ -40,6 +41,7 @@ pub(crate) async fn node() -> Node {
     for image in [
         "pause",
         "tether",
+        "tether-previous",
         "controller",
         "controller-tether",
         "prometheus-operator",
@@ -314,6 +316,10 @@ pub(crate) struct Pod {
     pub(crate) deleting: bool,
     pub(crate) restarts: u64,
     pub(crate) phase: String,
+    /// Its IP, once it has one.
+    pub(crate) ip: String,
+    /// Its first container's image.
+    pub(crate) image: String,
 }
 
 impl From<&Value> for Pod {
@@ -336,6 +342,14 @@ impl From<&Value> for Pod {
             deleting: !pod["metadata"]["deletionTimestamp"].is_null(),
             restarts,
             phase: pod["status"]["phase"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            ip: pod["status"]["podIP"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            image: pod["spec"]["containers"][0]["image"]
                 .as_str()
                 .unwrap_or_default()
                 .to_owned(),
