@@ -62,9 +62,30 @@ struct Direct {
     authority: String,
     tls: Option<(Arc<rustls::ClientConfig>, ServerName<'static>)>,
     decorate: Decorate,
+    /// Whether the credentials can change within the client's life (a
+    /// token file, an exec plugin, an auth provider), so that a prepared
+    /// request is sent again only within [`REFRESHABLE_REUSE`].
+    refreshable: bool,
+    /// The request prepared last, sent again while it may be.
+    prepared: Option<Reusable>,
     /// A kept connection older than this is replaced by a new one.
     max_age: Duration,
     conn: Option<Conn>,
+}
+
+/// How long a request whose credentials can change is sent again before
+/// kube's auth layer is asked anew. kube hands out an exec plugin's token
+/// with at least 10 s of life left and re-reads a token file every 50 s, so
+/// a token sent up to 5 s later is still valid, and a rotated file is seen
+/// within 55 s (client-go: a minute).
+pub(crate) const REFRESHABLE_REUSE: Duration = Duration::from_secs(5);
+
+/// A prepared request: for which path, its bytes, and until when it may be
+/// sent again (`None`: for the client's life, its credentials are fixed).
+struct Reusable {
+    path: String,
+    bytes: Bytes,
+    until: Option<Instant>,
 }
 
 /// A kept-alive connection, held by the probe itself (no task drives it),
@@ -75,10 +96,11 @@ struct Conn {
 }
 
 impl Conn {
-    /// Whether it is younger than `max_age`, so it may be kept: a kept
-    /// connection may answer long after the remote stopped taking new ones.
-    fn young(&self, max_age: Duration) -> bool {
-        self.opened.elapsed() < max_age
+    /// Whether it is younger than `max_age` at `now`, so it may be kept: a
+    /// kept connection may answer long after the remote stopped taking new
+    /// ones.
+    fn young(&self, max_age: Duration, now: Instant) -> bool {
+        now.saturating_duration_since(self.opened) < max_age
     }
 }
 
@@ -207,21 +229,34 @@ impl Direct {
             .layer(config.extra_headers_layer().map_err(Error::Client)?)
             .service(echo)
             .map_response(Response::into_body);
+        let auth = &config.auth_info;
         Ok(Self {
             host,
             port,
             authority,
             tls,
             decorate: BoxService::new(decorate),
+            refreshable: auth.token_file.is_some()
+                || auth.exec.is_some()
+                || auth.auth_provider.is_some(),
+            prepared: None,
             max_age,
             conn: None,
         })
     }
 
+    /// The request prepared last for `path`, if it may be sent again: the
+    /// same bytes kube's layers would give, without running them.
+    fn reusable(&self, path: &str) -> Option<Bytes> {
+        let prepared = self.prepared.as_ref()?;
+        (prepared.path == path && prepared.until.is_none_or(|until| Instant::now() < until))
+            .then(|| prepared.bytes.clone())
+    }
+
     /// The request as kube would send it (base URL, credentials, which may
     /// run an exec plugin's refresh, extra headers), written out as
     /// HTTP/1.1: the path and a `Host` header, not the absolute URL.
-    async fn prepare(&mut self, path: &str) -> Result<Vec<u8>, Failure> {
+    async fn prepare(&mut self, path: &str) -> Result<Bytes, Failure> {
         let request = Request::get(path)
             .body(Empty::new())
             .map_err(|err| Failure::local(&err))?;
@@ -255,15 +290,22 @@ impl Direct {
             }
         }
         out.extend_from_slice(b"\r\n");
-        Ok(out)
+        let bytes = Bytes::from(out);
+        self.prepared = Some(Reusable {
+            path: path.to_owned(),
+            bytes: bytes.clone(),
+            until: self.refreshable.then(|| Instant::now() + REFRESHABLE_REUSE),
+        });
+        Ok(bytes)
     }
 
-    /// Sends `request` on the kept connection, or a new one.
-    async fn exchange(&mut self, request: &[u8]) -> Result<u16, Failure> {
+    /// Sends `request` on the kept connection, or a new one; `now` is when
+    /// the probe started.
+    async fn exchange(&mut self, request: &[u8], now: Instant) -> Result<u16, Failure> {
         // A kept connection may answer long after the remote stopped taking
         // new ones; past its age, the probe checks a new one.
         if let Some(conn) = self.conn.take()
-            && conn.young(self.max_age)
+            && conn.young(self.max_age, now)
         {
             // A kept connection may have died since the last probe; a fresh
             // one answers for the remote, as a pool would retry.
@@ -334,12 +376,22 @@ impl Direct {
 /// A probe request with its credentials, ready to send.
 enum Prepared {
     /// The request's bytes.
-    Direct(Vec<u8>),
+    Direct(Bytes),
     /// kube's client adds the credentials itself as it sends.
     Proxied(String),
 }
 
 impl ProbeClient {
+    /// The request for `path` if it is ready without waiting: prepared
+    /// before and still valid, or through a proxy (kube's client adds the
+    /// credentials as it sends).
+    fn reusable(&self, path: &str) -> Option<Prepared> {
+        match &self.0 {
+            Transport::Direct(direct) => direct.reusable(path).map(Prepared::Direct),
+            Transport::Proxied(_) => Some(Prepared::Proxied(path.to_owned())),
+        }
+    }
+
     async fn prepare(&mut self, path: &str) -> Result<Prepared, Failure> {
         match &mut self.0 {
             Transport::Direct(direct) => direct.prepare(path).await.map(Prepared::Direct),
@@ -347,10 +399,10 @@ impl ProbeClient {
         }
     }
 
-    async fn exchange(&mut self, prepared: &Prepared) -> Result<u16, Failure> {
+    async fn exchange(&mut self, prepared: &Prepared, now: Instant) -> Result<u16, Failure> {
         match (&mut self.0, prepared) {
             (Transport::Direct(direct), Prepared::Direct(request)) => {
-                direct.exchange(request).await
+                direct.exchange(request, now).await
             }
             (Transport::Proxied(client), Prepared::Proxied(path)) => {
                 proxied_get(client, path).await
@@ -362,21 +414,21 @@ impl ProbeClient {
         }
     }
 
-    /// Drops the kept connection, so the next probe opens a new one: after a
-    /// probe that did not finish, or when a new connection is to be checked.
-    /// Whether the next probe opens a new connection: none is kept, or the
-    /// kept one is past its age. kube's client (through a proxy) keeps its
-    /// own.
-    pub(crate) fn needs_connection(&self) -> bool {
+    /// Whether a probe starting at `now` opens a new connection: none is
+    /// kept, or the kept one is past its age. kube's client (through a
+    /// proxy) keeps its own.
+    pub(crate) fn needs_connection(&self, now: Instant) -> bool {
         match &self.0 {
             Transport::Direct(direct) => direct
                 .conn
                 .as_ref()
-                .is_none_or(|conn| !conn.young(direct.max_age)),
+                .is_none_or(|conn| !conn.young(direct.max_age, now)),
             Transport::Proxied(_) => false,
         }
     }
 
+    /// Drops the kept connection, so the next probe opens a new one: after a
+    /// probe that did not finish, or when a new connection is to be checked.
     pub(crate) fn reset(&mut self) {
         if let Transport::Direct(direct) = &mut self.0 {
             direct.conn = None;
@@ -413,7 +465,10 @@ impl ProbeClient {
 /// unreachable. A failure before the network (credentials, an exec plugin
 /// that fails or does not answer within [`PLUGIN_DEADLINE`]) is local: the
 /// credentials are made ready first, under their own deadline, and only the
-/// exchange runs under `timeout` and counts toward the latency.
+/// exchange runs under `timeout` and counts toward the latency. The request
+/// prepared for the last probe is sent again while its credentials cannot
+/// have changed (for the client's life with fixed ones, for 5 s otherwise):
+/// kube's layers would build the same bytes.
 ///
 /// # Cancellation safety
 ///
@@ -425,26 +480,18 @@ pub async fn probe_once(
     timeout: Duration,
     unreachable_statuses: &[u16],
 ) -> ProbeResult {
-    let local = |kind, error: String| ProbeResult {
-        outcome: Outcome::LocalError { kind, error },
-        latency: Duration::ZERO,
-    };
-    let prepared = match tokio::time::timeout(PLUGIN_DEADLINE, client.prepare(path)).await {
-        Err(_) => {
-            return local(
-                LocalKind::Credentials,
-                format!(
-                    "the credentials were not ready within {PLUGIN_DEADLINE:?}: an exec credential plugin that hangs?"
-                ),
-            );
-        }
-        Ok(Err(Failure::Local { kind, error })) => return local(kind, error),
-        Ok(Err(Failure::Transport { error, .. })) => return local(LocalKind::Other, error),
-        Ok(Ok(prepared)) => prepared,
+    let prepared = match client.reusable(path) {
+        Some(prepared) => prepared,
+        None => match prepare_within_deadline(client, path).await {
+            Ok(prepared) => prepared,
+            Err(local) => return local,
+        },
     };
     let started = Instant::now();
     // Until the request finishes, the connection is in an unknown state.
-    let outcome = match tokio::time::timeout(timeout, client.exchange(&prepared)).await {
+    let deadline = started + timeout;
+    let outcome = match tokio::time::timeout_at(deadline, client.exchange(&prepared, started)).await
+    {
         Err(_) => {
             client.reset();
             Outcome::Unreachable {
@@ -463,6 +510,28 @@ pub async fn probe_once(
     ProbeResult {
         outcome,
         latency: started.elapsed(),
+    }
+}
+
+/// Prepares the request under [`PLUGIN_DEADLINE`]; a failure is local.
+async fn prepare_within_deadline(
+    client: &mut ProbeClient,
+    path: &str,
+) -> Result<Prepared, ProbeResult> {
+    let local = |kind, error: String| ProbeResult {
+        outcome: Outcome::LocalError { kind, error },
+        latency: Duration::ZERO,
+    };
+    match tokio::time::timeout(PLUGIN_DEADLINE, client.prepare(path)).await {
+        Err(_) => Err(local(
+            LocalKind::Credentials,
+            format!(
+                "the credentials were not ready within {PLUGIN_DEADLINE:?}: an exec credential plugin that hangs?"
+            ),
+        )),
+        Ok(Err(Failure::Local { kind, error })) => Err(local(kind, error)),
+        Ok(Err(Failure::Transport { error, .. })) => Err(local(LocalKind::Other, error)),
+        Ok(Ok(prepared)) => Ok(prepared),
     }
 }
 
@@ -515,6 +584,49 @@ async fn proxied_get(client: &kube::Client, path: &str) -> Result<u16, Failure> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn direct(auth: impl FnOnce(&mut kube::config::AuthInfo)) -> Direct {
+        let mut config = kube::Config::new("http://h:8080/prefix".parse().expect("valid"));
+        auth(&mut config.auth_info);
+        Direct::new(&config, Duration::from_secs(60)).expect("a client")
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_with_fixed_credentials_is_prepared_once_for_the_clients_life() {
+        let mut client = direct(|auth| auth.token = Some("t0k3n".to_owned().into()));
+        assert!(client.reusable("/readyz").is_none(), "nothing prepared yet");
+        let prepared = client.prepare("/readyz").await.ok().expect("prepared");
+        assert_eq!(
+            prepared.as_ref(),
+            b"GET /prefix/readyz HTTP/1.1\r\nhost: h:8080\r\nauthorization: Bearer t0k3n\r\n\r\n"
+        );
+        tokio::time::advance(Duration::from_secs(24 * 3600)).await;
+        assert_eq!(client.reusable("/readyz"), Some(prepared));
+        assert!(
+            client.reusable("/livez").is_none(),
+            "another path is prepared anew"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_with_credentials_that_can_change_is_reused_only_briefly() {
+        let file = tempfile::NamedTempFile::new().expect("a file");
+        std::fs::write(file.path(), "from-file").expect("written");
+        let mut client = direct(|auth| auth.token_file = Some(file.path().display().to_string()));
+        let prepared = client.prepare("/readyz").await.ok().expect("prepared");
+        assert!(
+            prepared
+                .windows(b"Bearer from-file".len())
+                .any(|w| w == b"Bearer from-file")
+        );
+        tokio::time::advance(REFRESHABLE_REUSE.saturating_sub(Duration::from_millis(1))).await;
+        assert_eq!(client.reusable("/readyz"), Some(prepared));
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(
+            client.reusable("/readyz").is_none(),
+            "kube's auth layer is asked again"
+        );
+    }
 
     #[test]
     fn userinfo_is_stripped_and_the_rest_kept() {

@@ -50,7 +50,7 @@ use tokio::sync::{Notify, broadcast};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument as _, debug, info, info_span, warn};
+use tracing::{debug, info, warn};
 
 use crate::classify::{FailureCause, LocalKind, Outcome, ProbeResult};
 use crate::history::{History, Recent};
@@ -441,10 +441,14 @@ impl ProbeSet {
                 );
                 let shared = Arc::new(Shared::new(host.clone(), names, config, tracker));
                 let stop = CancellationToken::new();
-                let task = tokio::spawn(
-                    supervise_probe(Arc::clone(inner), Arc::clone(&shared), stop.clone())
-                        .instrument(info_span!("probe", %host)),
-                );
+                // No span around the task: entering one on each of its
+                // polls cost a tenth of a probe. Its events name the host
+                // themselves, and a client's build runs in the span.
+                let task = tokio::spawn(supervise_probe(
+                    Arc::clone(inner),
+                    Arc::clone(&shared),
+                    stop.clone(),
+                ));
                 probes.insert(
                     identity,
                     Probe {

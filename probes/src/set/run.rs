@@ -9,7 +9,7 @@ use futures_util::FutureExt as _;
 use tether_supervisor::panic_message;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{Instrument as _, error, info, info_span, warn};
 
 use super::pace::{jittered, on_grid};
 use super::{Inner, Shared, Transition};
@@ -41,7 +41,7 @@ pub(super) async fn supervise_probe(
             return;
         };
         let message = panic_message(payload.as_ref());
-        error!(panic = %message, "probe task panicked; restarting it after one interval");
+        error!(host = %shared.host, panic = %message, "probe task panicked; restarting it after one interval");
         inner.metrics.panics.inc();
         shared.lock().panics += 1;
         tokio::select! {
@@ -64,6 +64,11 @@ pub(super) async fn probe_loop(inner: &Inner, shared: &Shared, stop: &Cancellati
     let mut may_probe_early = true;
     // A suspicion makes the next probe, early or not, use a new connection.
     let mut fresh = false;
+    // Made once, not on every probe: each registers a waiter.
+    let cancelled = stop.cancelled();
+    tokio::pin!(cancelled);
+    let suspected = shared.suspected.notified();
+    tokio::pin!(suspected);
     loop {
         let closed = async {
             match client.as_mut() {
@@ -71,12 +76,12 @@ pub(super) async fn probe_loop(inner: &Inner, shared: &Shared, stop: &Cancellati
                 None => std::future::pending().await,
             }
         };
-        let suspected = shared.suspected.notified();
         tokio::select! {
             biased;
-            () = stop.cancelled() => return,
+            () = &mut cancelled => return,
             () = tokio::time::sleep_until(next) => {}
-            () = suspected => {
+            () = &mut suspected => {
+                suspected.set(shared.suspected.notified());
                 fresh = true;
                 // Once the remote fails, every probe connects anew anyway: a
                 // suspicion then changes nothing, and must not hurry the
@@ -117,7 +122,10 @@ pub(super) async fn probe_loop(inner: &Inner, shared: &Shared, stop: &Cancellati
         if let Some((generation, kube_config)) = rebuild {
             // Boxed, as the probe below: the task keeps only what waits
             // between probes.
-            let built = Box::pin(build(inner, shared, stop, &mut building, kube_config)).await;
+            let span = info_span!("probe", host = %shared.host);
+            let built = Box::pin(build(inner, shared, stop, &mut building, kube_config))
+                .instrument(span)
+                .await;
             match built {
                 Some(Ok(built)) => client = Some((generation, built)),
                 Some(Err(result)) => {
@@ -131,18 +139,18 @@ pub(super) async fn probe_loop(inner: &Inner, shared: &Shared, stop: &Cancellati
         if std::mem::take(&mut fresh) {
             probe_client.reset();
         }
-        if probe_client.needs_connection() {
+        if probe_client.needs_connection(tick) {
             // The wait is the process's, not the remote's: it comes before
             // the probe's deadline starts.
             tokio::select! {
                 biased;
-                () = stop.cancelled() => return,
+                () = &mut cancelled => return,
                 () = tokio::time::sleep_until(inner.connects.slot()) => {}
             }
         }
         let result = tokio::select! {
             biased;
-            () = stop.cancelled() => return,
+            () = &mut cancelled => return,
             result = Box::pin(probe_once(probe_client, &config.path, config.timeout, &config.unreachable_statuses)) => result,
         };
         if rotation_explains(&result) && rechecked(inner, shared, stop).await {
