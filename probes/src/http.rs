@@ -6,6 +6,9 @@
 //! cap or without a length, `Connection: close`, HTTP/1.0, bytes after the
 //! answer) is closed; its answer still counts.
 
+use std::mem::MaybeUninit;
+
+use crate::scratch;
 use crate::wire::Transport;
 
 /// The largest response head a probe reads: load balancers, proxies and
@@ -94,10 +97,11 @@ const USUAL_HEADERS: usize = 64;
 
 /// Parses the head at the start of `buf`.
 fn parse_head(buf: &[u8]) -> Result<Parsed, httparse::Error> {
-    let mut headers = [httparse::EMPTY_HEADER; USUAL_HEADERS];
+    // Uninitialised: httparse writes what it parses, and nothing else is read.
+    let mut headers = [const { MaybeUninit::uninit() }; USUAL_HEADERS];
     match parse_with(buf, &mut headers) {
         Err(httparse::Error::TooManyHeaders) => {
-            let mut headers = vec![httparse::EMPTY_HEADER; MAX_HEADERS];
+            let mut headers = vec![MaybeUninit::uninit(); MAX_HEADERS];
             match parse_with(buf, &mut headers) {
                 Err(httparse::Error::TooManyHeaders) => Ok(Parsed::TooLarge),
                 parsed => parsed,
@@ -109,10 +113,15 @@ fn parse_head(buf: &[u8]) -> Result<Parsed, httparse::Error> {
 
 fn parse_with<'b>(
     buf: &'b [u8],
-    headers: &mut [httparse::Header<'b>],
+    headers: &mut [MaybeUninit<httparse::Header<'b>>],
 ) -> Result<Parsed, httparse::Error> {
-    let mut response = httparse::Response::new(headers);
-    let len = match response.parse(buf)? {
+    let mut response = httparse::Response::new(&mut []);
+    let parsed = httparse::ParserConfig::default().parse_response_with_uninit_headers(
+        &mut response,
+        buf,
+        headers,
+    )?;
+    let len = match parsed {
         httparse::Status::Complete(len) => len,
         httparse::Status::Partial => return Ok(Parsed::Partial),
     };
@@ -182,14 +191,22 @@ pub(crate) async fn exchange<S: Transport>(
     request: &[u8],
 ) -> Result<Answer, ExchangeError> {
     stream.send(request).await.map_err(ExchangeError::Io)?;
-    let mut buf = Vec::with_capacity(FIRST_READ);
+    let mut buf = scratch::take();
+    buf.reserve(FIRST_READ);
+    let answer = answer(stream, &mut buf).await;
+    scratch::give(buf);
+    answer
+}
+
+/// Reads the answer into `buf`.
+async fn answer<S: Transport>(stream: &mut S, buf: &mut Vec<u8>) -> Result<Answer, ExchangeError> {
     loop {
-        let head = match parse_head(&buf).map_err(ExchangeError::Invalid)? {
+        let head = match parse_head(buf).map_err(ExchangeError::Invalid)? {
             Parsed::Head(head) => head,
             Parsed::TooLarge => return Ok(too_large()),
             Parsed::Partial if buf.len() >= MAX_HEAD => return Ok(too_large()),
             Parsed::Partial => {
-                if read(stream, &mut buf).await? == 0 {
+                if read(stream, buf).await? == 0 {
                     return Err(ExchangeError::Closed {
                         partial: !buf.is_empty(),
                     });
@@ -225,7 +242,7 @@ async fn read<S: Transport>(stream: &mut S, buf: &mut Vec<u8>) -> Result<usize, 
 /// Reads the body off the connection, given what of it is already in
 /// `buf`; whether the connection ends clean, ready for the next request.
 /// Nothing of it is kept, and never more than [`MAX_BODY`] is read.
-async fn drain_body<S: Transport>(stream: &mut S, framing: Framing, mut buf: Vec<u8>) -> bool {
+async fn drain_body<S: Transport>(stream: &mut S, framing: Framing, buf: &mut Vec<u8>) -> bool {
     let mut left = match framing {
         Framing::Empty => return buf.is_empty(),
         Framing::Length(n) if n > MAX_BODY => return false,
@@ -249,7 +266,7 @@ async fn drain_body<S: Transport>(stream: &mut S, framing: Framing, mut buf: Vec
                     return true;
                 }
             }
-            Framing::Chunked => match chunked.feed(&buf) {
+            Framing::Chunked => match chunked.feed(buf) {
                 Err(()) => return false,
                 Ok((consumed, done)) => {
                     buf.drain(..consumed);
@@ -263,7 +280,7 @@ async fn drain_body<S: Transport>(stream: &mut S, framing: Framing, mut buf: Vec
         if read_so_far > MAX_BODY {
             return false;
         }
-        match read(stream, &mut buf).await {
+        match read(stream, buf).await {
             Ok(0) | Err(_) => return false,
             Ok(n) => read_so_far += n as u64,
         }

@@ -46,6 +46,7 @@ mod http;
 mod identity;
 mod metrics;
 mod probe;
+mod scratch;
 mod set;
 mod tracker;
 mod wire;

@@ -19,6 +19,8 @@ use rustls::unbuffered::{
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
+use crate::scratch;
+
 /// The room first given to a handshake message: a client hello fits.
 const HANDSHAKE_ROOM: usize = 1024;
 
@@ -146,20 +148,29 @@ impl TlsWire {
         Ok(wire)
     }
 
+    /// Makes room in `incoming` for a read, with a buffer borrowed while
+    /// records are being taken apart.
+    fn room(&mut self) {
+        if self.incoming.capacity() == 0 {
+            self.incoming = scratch::take();
+        }
+        self.incoming.reserve(READ_SIZE);
+    }
+
     /// Reads more TLS bytes; the peer's end is an error here, as records
     /// are still expected.
     async fn read_more(&mut self) -> io::Result<()> {
-        self.incoming.reserve(READ_SIZE);
+        self.room();
         match self.tcp.read_buf(&mut self.incoming).await? {
             0 => Err(io::ErrorKind::UnexpectedEof.into()),
             _ => Ok(()),
         }
     }
 
-    /// Frees the read buffer once it holds nothing.
+    /// Gives the read buffer back once it holds nothing.
     fn shrink(&mut self) {
         if self.incoming.is_empty() {
-            self.incoming = Vec::new();
+            scratch::give(std::mem::take(&mut self.incoming));
         }
     }
 
@@ -224,11 +235,14 @@ impl TlsWire {
             if self.tcp.readable().await.is_err() {
                 return;
             }
-            self.incoming.reserve(READ_SIZE);
+            self.room();
             match self.tcp.try_read_buf(&mut self.incoming) {
                 Ok(0) => return,
                 Ok(_) => {}
-                Err(err) if err.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => {
+                    self.shrink();
+                    continue;
+                }
                 Err(_) => return,
             }
             match self.pump(None) {
@@ -241,7 +255,7 @@ impl TlsWire {
 
 impl Transport for TlsWire {
     async fn send(&mut self, bytes: &[u8]) -> io::Result<()> {
-        let mut out = Vec::new();
+        let mut out = scratch::take();
         loop {
             let UnbufferedStatus { discard, state } =
                 self.conn.process_tls_records(&mut self.incoming);
@@ -276,7 +290,9 @@ impl Transport for TlsWire {
                 break;
             }
         }
-        self.tcp.write_all(&out).await
+        let sent = self.tcp.write_all(&out).await;
+        scratch::give(out);
+        sent
     }
 
     async fn recv(&mut self, buf: &mut Vec<u8>) -> io::Result<usize> {
@@ -287,7 +303,7 @@ impl Transport for TlsWire {
                 Pumped::End => return Ok(0),
                 Pumped::Send(bytes) => self.tcp.write_all(&bytes).await?,
                 Pumped::More => {
-                    self.incoming.reserve(READ_SIZE);
+                    self.room();
                     if self.tcp.read_buf(&mut self.incoming).await? == 0 {
                         return Ok(0);
                     }
