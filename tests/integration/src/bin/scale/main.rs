@@ -13,7 +13,8 @@
 //! ```
 //!
 //! It prints a table and writes the same figures as JSON (`--json`,
-//! default `target/scale/<mode>.json`).
+//! default `target/scale/<mode>.json`). It runs the release `tether` next to
+//! it, or the one `TETHER_BINARY` names.
 //!
 //! - `process.rs`: child processes, and what `/proc` and their logs say;
 //! - `remotes.rs`: the simulated remotes, and tether's config over them;
@@ -110,6 +111,11 @@ struct Args {
     /// measuring (its wall-clock figures are then valgrind's).
     #[arg(long)]
     callgrind: bool,
+    /// With `--callgrind`: fail (exit 1, after the report) if a probe cost
+    /// more instructions than this; `scripts/test` keeps the figure from
+    /// sliding back by a count, not a timing.
+    #[arg(long, requires = "callgrind")]
+    most_instructions_a_probe: Option<f64>,
     /// Run tether under this command (`heaptrack -o FILE`), in a process
     /// group stopped with SIGTERM; its CPU and RSS are then the wrapper's.
     #[arg(long)]
@@ -231,6 +237,18 @@ fn run(args: &Args) -> Result<()> {
     std::fs::write(&path, serde_json::to_string_pretty(&report).expect("JSON"))
         .map_err(|e| format!("{}: {e}", path.display()))?;
     println!("JSON: {}", path.display());
+    if let Some(most) = args.most_instructions_a_probe {
+        let counted = report["tether"]["instructions_per_probe"]
+            .as_f64()
+            .ok_or("no instructions were counted")?;
+        if counted > most {
+            return Err(format!(
+                "a probe cost {counted:.0} instructions, more than the {most:.0} allowed: \
+                 see docs/benchmarks.md for how to find where"
+            ));
+        }
+        println!("instructions a probe: {counted:.0}, within {most:.0}");
+    }
     Ok(())
 }
 

@@ -11,8 +11,17 @@ pub(crate) fn target_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("target"))
 }
 
-/// The release `tether` next to this binary.
+/// The `tether` that `TETHER_BINARY` names, else the release one next to
+/// this binary.
 pub(crate) fn tether_binary() -> Result<PathBuf> {
+    if let Some(path) = std::env::var_os("TETHER_BINARY") {
+        let path = PathBuf::from(path);
+        return if path.exists() {
+            Ok(path)
+        } else {
+            Err(format!("TETHER_BINARY: {} is missing", path.display()))
+        };
+    }
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let path = exe.with_file_name("tether");
     if path.exists() {
