@@ -3,8 +3,8 @@
 //!
 //! Invariants:
 //! - the ring holds [`HISTORY_BUCKETS`] buckets of [`BUCKET_WIDTH`] each, so
-//!   its size does not depend on the probe interval or the uptime (360 bytes
-//!   a remote);
+//!   its size does not depend on the probe interval or the uptime (240 bytes
+//!   a remote: four a bucket, its counts saturating at [`MOST_COUNTED`]);
 //! - bucket numbers count widths since one epoch for the whole probe set,
 //!   so every remote's strip lines up with every other's;
 //! - `head` is the newest bucket written; a bucket older than the window is
@@ -22,14 +22,21 @@ pub const HISTORY_BUCKETS: usize = 60;
 /// each holds one or two probes.
 pub const BUCKET_WIDTH: Duration = Duration::from_secs(15);
 
+/// The most probes of one kind a bucket counts: more read as this many.
+/// At the default interval a bucket holds one or two; the page tells only
+/// none from some.
+pub const MOST_COUNTED: u8 = 31;
+
 /// The probes that finished within one bucket's time.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Bucket {
-    /// Probes answered 2xx.
+    /// Probes answered 2xx, at most [`MOST_COUNTED`].
     pub ready: u8,
-    /// Probes answered, but not 2xx: reachable, not ready.
+    /// Probes answered, but not 2xx: reachable, not ready. At most
+    /// [`MOST_COUNTED`].
     pub not_ready: u8,
-    /// Probes that failed: the remote did not answer.
+    /// Probes that failed: the remote did not answer. At most
+    /// [`MOST_COUNTED`].
     pub failed: u8,
     /// The slowest answer's latency, in milliseconds (65,535 at most).
     pub slowest_ms: u16,
@@ -79,11 +86,50 @@ pub(crate) enum Seen {
     Failed,
 }
 
+/// A [`Bucket`] as the ring keeps it, in four bytes where a `Bucket`
+/// takes six (each remote keeps 60): its three counts in five bits each
+/// (ready, not ready, failed, from the lowest), whether the remote was
+/// lost in the top bit, and the slowest answer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Packed {
+    counts: u16,
+    slowest_ms: u16,
+}
+
+const READY: u32 = 0;
+const NOT_READY: u32 = 5;
+const FAILED: u32 = 10;
+const LOST: u16 = 1 << 15;
+
+impl Packed {
+    fn count(self, at: u32) -> u8 {
+        // Five bits: at most 31.
+        u8::try_from((self.counts >> at) & u16::from(MOST_COUNTED)).unwrap_or(MOST_COUNTED)
+    }
+
+    /// One more probe of the kind counted `at`, saturating.
+    fn add(&mut self, at: u32) {
+        if self.count(at) < MOST_COUNTED {
+            self.counts += 1_u16 << at;
+        }
+    }
+
+    fn unpacked(self) -> Bucket {
+        Bucket {
+            ready: self.count(READY),
+            not_ready: self.count(NOT_READY),
+            failed: self.count(FAILED),
+            slowest_ms: self.slowest_ms,
+            lost: self.counts & LOST != 0,
+        }
+    }
+}
+
 /// The ring itself.
 #[derive(Debug, Clone)]
 pub(crate) struct History {
     head: u64,
-    ring: [Bucket; HISTORY_BUCKETS],
+    ring: [Packed; HISTORY_BUCKETS],
     /// When the failures in a row now began: a loss marks back to there.
     streak_since: Option<Duration>,
 }
@@ -92,12 +138,9 @@ impl History {
     pub(crate) const fn new() -> Self {
         Self {
             head: 0,
-            ring: [Bucket {
-                ready: 0,
-                not_ready: 0,
-                failed: 0,
+            ring: [Packed {
+                counts: 0,
                 slowest_ms: 0,
-                lost: false,
             }; HISTORY_BUCKETS],
             streak_since: None,
         }
@@ -116,7 +159,7 @@ impl History {
             // Clear what the ring skips, at most all of it.
             let skipped = (number - self.head).min(HISTORY_BUCKETS as u64);
             for n in (number + 1 - skipped)..=number {
-                self.ring[slot(n)] = Bucket::default();
+                self.ring[slot(n)] = Packed::default();
             }
             self.head = number;
         } else if self.head - number >= HISTORY_BUCKETS as u64 {
@@ -132,7 +175,7 @@ impl History {
                 .map_or(number, Self::number)
                 .max(number.saturating_sub(HISTORY_BUCKETS as u64 - 1));
             for n in from..=number {
-                self.ring[slot(n)].lost = true;
+                self.ring[slot(n)].counts |= LOST;
             }
         }
         if seen != Seen::Failed {
@@ -141,15 +184,15 @@ impl History {
         let bucket = &mut self.ring[slot(number)];
         let latency = match seen {
             Seen::Ready(latency) => {
-                bucket.ready = bucket.ready.saturating_add(1);
+                bucket.add(READY);
                 latency
             }
             Seen::NotReady(latency) => {
-                bucket.not_ready = bucket.not_ready.saturating_add(1);
+                bucket.add(NOT_READY);
                 latency
             }
             Seen::Failed => {
-                bucket.failed = bucket.failed.saturating_add(1);
+                bucket.add(FAILED);
                 return;
             }
         };
@@ -165,7 +208,7 @@ impl History {
             && (0..HISTORY_BUCKETS as u64)
                 .filter_map(|back| self.head.checked_sub(back))
                 .filter(|n| now - n < HISTORY_BUCKETS as u64)
-                .any(|n| self.ring[slot(n)].failed > 0)
+                .any(|n| self.ring[slot(n)].count(FAILED) > 0)
     }
 
     /// The window that ends `since_epoch` after the epoch.
@@ -181,7 +224,7 @@ impl History {
                 continue;
             };
             if n <= self.head && self.head - n < HISTORY_BUCKETS as u64 {
-                *out = self.ring[slot(n)];
+                *out = self.ring[slot(n)].unpacked();
             }
         }
         recent
@@ -284,7 +327,25 @@ mod tests {
             history.record(at(1), Seen::Ready(Duration::from_secs(120)), false);
         }
         let bucket = history.recent(at(1)).buckets[HISTORY_BUCKETS - 1];
-        assert_eq!(bucket.ready, u8::MAX);
+        assert_eq!(bucket.ready, MOST_COUNTED);
+        assert_eq!(
+            (bucket.not_ready, bucket.failed),
+            (0, 0),
+            "no count spills into the next"
+        );
+        assert!(!bucket.lost);
         assert_eq!(bucket.slowest_ms, u16::MAX);
+        // The next bucket: failures past the count, then a loss.
+        let next = at(1) + BUCKET_WIDTH;
+        for _ in 0..300 {
+            history.record(next, Seen::Failed, false);
+        }
+        history.record(next, Seen::Failed, true);
+        let bucket = history.recent(next).buckets[HISTORY_BUCKETS - 1];
+        assert_eq!(
+            (bucket.ready, bucket.not_ready, bucket.failed, bucket.lost),
+            (0, 0, MOST_COUNTED, true)
+        );
+        assert_eq!(bucket.slowest_ms, 0);
     }
 }

@@ -53,7 +53,9 @@ mod wire;
 
 pub use crate::classify::{FailureCause, LocalKind, Outcome, ProbeResult, classify};
 pub use crate::config::ProbeConfig;
-pub use crate::history::{BUCKET_WIDTH, Bucket, HISTORY_BUCKETS, HISTORY_WINDOW, Recent};
+pub use crate::history::{
+    BUCKET_WIDTH, Bucket, HISTORY_BUCKETS, HISTORY_WINDOW, MOST_COUNTED, Recent,
+};
 pub use crate::http::HEAD_TOO_LARGE;
 pub use crate::identity::{Identity, Remote};
 pub use crate::probe::{ProbeClient, probe_client, probe_once};
