@@ -50,9 +50,11 @@ impl std::fmt::Debug for ProbeClient {
     }
 }
 
+/// Boxed either way: the idle probe task holds it, and a `kube::Client`
+/// inline would add 80 bytes to every task for the rare proxied remote.
 enum Transport {
     Direct(Box<Direct>),
-    Proxied(kube::Client),
+    Proxied(Box<kube::Client>),
 }
 
 struct Direct {
@@ -179,7 +181,7 @@ pub fn probe_client(config: &kube::Config, probe: &ProbeConfig) -> Result<ProbeC
         config.write_timeout = Some(probe.timeout);
         config.read_timeout = Some(probe.interval * 2);
         return kube::Client::try_from(config)
-            .map(|client| ProbeClient(Transport::Proxied(client)))
+            .map(|client| ProbeClient(Transport::Proxied(Box::new(client))))
             .map_err(Error::Client);
     }
     Direct::new(&config, probe.max_connection_age)

@@ -232,7 +232,13 @@ impl TlsWire {
     /// waiting.
     async fn closed(&mut self) {
         loop {
-            if self.tcp.readable().await.is_err() {
+            // The socket's own read waker, not `readable()`'s waiter: this
+            // is what every idle probe task holds, and a waiter would
+            // make each task 150 bytes larger.
+            if std::future::poll_fn(|cx| self.tcp.poll_read_ready(cx))
+                .await
+                .is_err()
+            {
                 return;
             }
             self.room();

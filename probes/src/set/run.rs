@@ -153,7 +153,9 @@ pub(super) async fn probe_loop(inner: &Inner, shared: &Shared, stop: &Cancellati
             () = &mut cancelled => return,
             result = Box::pin(probe_once(probe_client, &config.path, config.timeout, &config.unreachable_statuses)) => result,
         };
-        if rotation_explains(&result) && rechecked(inner, shared, stop).await {
+        // Boxed, as the probe: a recheck is rare, and its waits would
+        // otherwise size every idle task.
+        if rotation_explains(&result) && Box::pin(rechecked(inner, shared, stop)).await {
             // The files changed under the probe: this failure says nothing
             // of the remote. Probe again, now, with the new settings.
             next = Instant::now();
