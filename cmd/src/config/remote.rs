@@ -257,6 +257,12 @@ fn finish(
             "its certificate authority holds no certificate".to_owned(),
         ));
     }
+    // kube collects the certificates in place over the PEM blocks they
+    // were parsed from, and keeps those blocks' room for the config's life:
+    // 288 bytes a remote.
+    if let Some(certs) = &mut kube_config.root_cert {
+        certs.shrink_to_fit();
+    }
     // A server URL that cannot be probed is a config error, not a loop of
     // failing builds.
     tether_probes::Identity::of(&kube_config).map_err(|e| match origin {
