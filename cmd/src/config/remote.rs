@@ -54,6 +54,27 @@ impl std::fmt::Debug for ResolvedRemote {
     }
 }
 
+/// The remotes as the daemon hands them to the planner: each without the
+/// files it was read from, which only the daemon's sweep reads. The
+/// planner keeps its own copies, so a list of files there would be one
+/// more copy of every path (about 200 bytes a remote).
+#[must_use]
+pub fn handed(remotes: &[ResolvedRemote]) -> Arc<Vec<ResolvedRemote>> {
+    Arc::new(
+        remotes
+            .iter()
+            .map(|r| ResolvedRemote {
+                name: r.name.clone(),
+                required: r.required,
+                source: r.source.clone(),
+                config: Arc::clone(&r.config),
+                files: Vec::new(),
+                generation: r.generation,
+            })
+            .collect(),
+    )
+}
+
 impl ResolvedRemote {
     /// The remote as the probes take it.
     #[must_use]
@@ -514,4 +535,41 @@ pub fn keys(remotes: &[ResolvedRemote]) -> std::collections::BTreeMap<String, St
             (r.name.clone(), key)
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_planner_is_handed_the_remotes_without_their_files() {
+        let config = Arc::new(kube::Config::new("https://a:6443".parse().expect("a URL")));
+        let remote = ResolvedRemote {
+            name: "a".into(),
+            required: true,
+            source: RemoteSource::Inferred,
+            config: Arc::clone(&config),
+            files: vec![SourceFile::read(Role::TokenFile, "/nonexistent/token")],
+            generation: 7,
+        };
+        let handed = handed(std::slice::from_ref(&remote));
+        let [given] = handed.as_slice() else {
+            panic!("one remote handed, not {}", handed.len());
+        };
+        assert!(given.files.is_empty());
+        assert_eq!(
+            (given.name.as_str(), given.required, given.generation),
+            ("a", true, 7)
+        );
+        assert!(
+            Arc::ptr_eq(&given.config, &config),
+            "the same settings, shared"
+        );
+        assert_eq!(given.source, remote.source);
+        assert_eq!(
+            remote.files.len(),
+            1,
+            "the daemon's own copy keeps its files"
+        );
+    }
 }

@@ -130,7 +130,7 @@ impl Daemon {
         let shard = sharding.as_ref().map(Sharding::handle);
         let (statics, statics_rx) = tokio::sync::watch::channel(Statics {
             config: Arc::new(config.clone()),
-            remotes: Arc::new(remotes.clone()),
+            remotes: remote::handed(&remotes),
             reading: 0,
         });
         let (planner, desired) = Planner::new(statics_rx, discovery.clone(), shard.clone());

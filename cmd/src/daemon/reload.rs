@@ -117,7 +117,7 @@ impl Daemon {
     async fn hand_over(&mut self, reloaded: bool) {
         let config = reloaded.then(|| Arc::new(self.config.clone()));
         self.followers
-            .hand_over(config, Arc::new(self.resolved.clone()))
+            .hand_over(config, remote::handed(&self.resolved))
             .await;
     }
 
