@@ -791,7 +791,7 @@ mod tests {
 
     /// What every remote keeps while its probe waits, counted in bytes so
     /// that a change cannot grow it unseen (issue 43): the idle task's
-    /// future (tokio adds about 180 bytes of its own to each), and the
+    /// future (tokio adds about 150 bytes of its own to each), and the
     /// state the set shares with it. A wait that is rare (a recheck, a
     /// build, the probe itself) is boxed and costs nothing while idle.
     #[test]
