@@ -287,3 +287,44 @@ async fn a_bad_rotation_keeps_the_last_good_settings_and_a_good_one_follows() {
     )
     .await;
 }
+
+/// A rotation that breaks no probe (the same CA, written anew) is seen
+/// through the folder's inotify watch: the sweep over every remote runs at
+/// start and then once a minute, and no probe failed to ask.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotation_no_probe_notices_is_seen_by_the_folder_watch_before_the_safety_sweep() {
+    let b = tls_server(false).await;
+    let mut volume = SecretVolume::new(&keys(&b));
+    let (_a, tether) = running(&b, &volume).await;
+    let probes = "tether_remote_probe_duration_seconds_count{remote=\"b\",result=\"reachable\"}";
+    let before = tether.metric(probes).await.expect("b probed");
+
+    let mut same = keys(&b);
+    same[0].1.push_str("\n# the same CA, written anew\n");
+    let since = Instant::now();
+    volume.update(&same);
+    let rebuilt = "certificate-authority changed; client rebuilt";
+    common::until(rebuilt, detection_bound(), async || {
+        tether.logs().contains(rebuilt).then_some(())
+    })
+    .await;
+    let noticed = since.elapsed();
+    let logs = tether.logs();
+    let line = logs
+        .lines()
+        .find(|l| l.contains(rebuilt))
+        .expect("the line waited for");
+    assert!(
+        line.contains("remote=b") && line.contains("noticed=\"folder\""),
+        "noticed otherwise than by the folder watch, after {noticed:?}: {line}"
+    );
+    tether
+        .until_metric(probes, "more good probes of b", |v| v > before)
+        .await;
+    let failed = "tether_remote_probe_duration_seconds_count{remote=\"b\",result=\"unreachable\"}";
+    assert_eq!(
+        tether.metric(failed).await.unwrap_or(0.0),
+        0.0,
+        "a probe of b failed:\n{logs}"
+    );
+}

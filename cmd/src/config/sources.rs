@@ -7,7 +7,9 @@
 //! and what it leads to changes. So a file is judged through its path, as
 //! `stat` sees it (device, inode, size, times); when that changed, its
 //! content's hash decides, so a `touch` or a swap to the same bytes
-//! rebuilds nothing. A `stat` a file every poll is cheap next to a probe.
+//! rebuilds nothing. The daemon checks a remote's files when their folder's
+//! inotify watch wakes it (`daemon/folders.rs`), when its probe asks, and
+//! in a slow sweep.
 
 use std::hash::{DefaultHasher, Hash as _, Hasher as _};
 use std::io::Read as _;
@@ -123,6 +125,12 @@ impl SourceFile {
     #[must_use]
     pub fn role(&self) -> Role {
         self.role
+    }
+
+    /// Its path, as the settings name it.
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 
     /// Whether its content changed (or it appeared, or went) since it was

@@ -6,9 +6,12 @@
 //!   sharding, Events) and the checks it makes first;
 //! - `reload.rs`: a new config, rotated files, and a new share of remotes,
 //!   applied to the running daemon;
+//! - `folders.rs`: the remotes' folders, watched through inotify, so that
+//!   a rotated file is read when it changes;
 //! - `parts.rs`: the snapshot of the supervisor, the Leases and discovery
 //!   that the admin server is handed for each request.
 
+mod folders;
 mod parts;
 mod reload;
 mod wiring;
@@ -34,8 +37,9 @@ use crate::lease::election::{Election, ElectionHandle};
 use crate::lease::shard::Sharding;
 use crate::managers;
 
+use self::folders::Folders;
 pub use self::parts::Parts;
-use self::reload::{CONFIG_POLL, sweep_every};
+use self::reload::{CONFIG_POLL, Noticed, Sweeps};
 pub use self::wiring::preflight;
 use self::wiring::{
     EventsRunning, Followers, Recheck, Sharded, exec_command, gated, listen, new_admin, new_probes,
@@ -102,6 +106,8 @@ pub struct Daemon {
     discovery: Option<Arc<Discovery>>,
     /// The sharding, when on.
     sharded: Option<Sharded>,
+    /// The folders of the remotes' files, watched.
+    folders: Folders,
     /// Probes asking to have their remotes' files re-read (a TLS failure or
     /// a 401), each with where to say it was done; taken by the run loop.
     rechecks: Option<tokio::sync::mpsc::Receiver<Recheck>>,
@@ -194,7 +200,7 @@ impl Daemon {
             config = %config.label(),
             "tether started"
         );
-        Ok(Self {
+        let mut daemon = Self {
             supervisor: supervisor_handle,
             probes,
             manager: manager_handle,
@@ -203,6 +209,7 @@ impl Daemon {
             admin,
             config,
             resolved: remotes,
+            folders: Folders::new(),
             rechecks: Some(rechecks),
             root,
             draining,
@@ -214,7 +221,9 @@ impl Daemon {
             discovery,
             sharded,
             events,
-        })
+        };
+        daemon.follow_folders();
+        Ok(daemon)
     }
 
     /// Drains and shuts down: `/readyz` answers 503 at once, root is
@@ -273,8 +282,9 @@ impl Daemon {
             mut int,
             mut hup,
         } = signals;
+        // Before the polls: the first poll sweeps every remote's files.
+        let mut sweeps = Sweeps::default();
         let mut poll = tokio::time::interval(CONFIG_POLL);
-        let mut next_sweep = tokio::time::Instant::now();
         let mut seen = self
             .config
             .file
@@ -295,19 +305,27 @@ impl Daemon {
                     seen = self.config.file.as_ref().and_then(|f| std::fs::read(f).ok());
                 }
                 Some((names, done)) = rechecks.recv() => {
-                    self.refresh_remotes(Some(&names)).await;
+                    let asked: Vec<usize> = self
+                        .resolved
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, r)| names.contains(&r.name))
+                        .map(|(index, _)| index)
+                        .collect();
+                    self.refresh_remotes(Some(&asked), Noticed::Probe).await;
                     let _ = done.send(());
                 }
-                _ = poll.tick() => {
+                changed = self.folders.changed() => {
+                    self.refresh_remotes(changed.as_deref(), Noticed::Folder).await;
+                }
+                polled = poll.tick() => {
                     let now = self.config.file.as_ref().and_then(|f| std::fs::read(f).ok());
                     if now.is_some() && now != seen {
                         info!("the config file changed: reloading");
                         seen = now;
                         self.reload().await;
-                    } else if tokio::time::Instant::now() >= next_sweep {
-                        self.refresh_remotes(None).await;
-                        let files = self.resolved.iter().map(|r| r.files.len()).sum();
-                        next_sweep = tokio::time::Instant::now() + sweep_every(files);
+                    } else {
+                        self.sweep_when_due(&mut sweeps, polled).await;
                     }
                 }
             }

@@ -6,6 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
 use tracing::{error, info, warn};
 
 use super::Daemon;
@@ -25,11 +26,65 @@ const SWEEP_FILES_PER_SECOND: f64 = 2_000.0;
 /// How long after a sweep of the remotes' files the next one runs: every
 /// [`CONFIG_POLL`], or less often past [`SWEEP_FILES_PER_SECOND`]. A probe
 /// that fails as a rotation would asks for its own files at once, so a
-/// slower sweep only delays a rotation that broke nothing yet.
-pub(super) fn sweep_every(files: usize) -> Duration {
+/// slower sweep only delays a rotation that broke nothing yet. This is the
+/// pace for the remotes whose folders are not watched (`folders.rs`).
+fn sweep_every(files: usize) -> Duration {
     #[allow(clippy::cast_precision_loss)] // a count of files, far below 2^52
     let pace = Duration::from_secs_f64(files as f64 / SWEEP_FILES_PER_SECOND);
     pace.max(CONFIG_POLL)
+}
+
+/// How many times slower than [`sweep_every`] the sweep of every remote
+/// runs when their folders are watched: a safety net for what inotify
+/// misses (a file edited in place through a symlink into a folder not
+/// watched, a filesystem without inotify). Every 60 s up to 4,000 files.
+const SAFETY_SWEEP_SLOWER: u32 = 30;
+
+/// How long after a sweep of every remote's files the next one runs.
+fn safety_sweep_every(files: usize) -> Duration {
+    sweep_every(files) * SAFETY_SWEEP_SLOWER
+}
+
+/// When the two sweeps of the remotes' files run next: over every remote
+/// (at once when the daemon starts, which finds what changed before the
+/// folders were watched; then as the safety net), and over those in
+/// folders not watched, at the old pace.
+#[derive(Debug)]
+pub(super) struct Sweeps {
+    every: Instant,
+    unwatched: Instant,
+}
+
+impl Default for Sweeps {
+    fn default() -> Self {
+        let now = Instant::now();
+        Self {
+            every: now,
+            unwatched: now,
+        }
+    }
+}
+
+/// What made the daemon check a remote's files, as its log line says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Noticed {
+    /// An event in the folder of one of its files.
+    Folder,
+    /// A sweep: the paced one for remotes whose folders are not watched,
+    /// or the slow safety net over every remote.
+    Sweep,
+    /// Its probe failed as a rotation would (a TLS failure, a 401).
+    Probe,
+}
+
+impl Noticed {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Folder => "folder",
+            Self::Sweep => "sweep",
+            Self::Probe => "probe",
+        }
+    }
 }
 
 impl Daemon {
@@ -100,6 +155,7 @@ impl Daemon {
             );
         }
         self.resolved = remotes;
+        self.follow_folders();
         info!(
             remotes = next.remotes.len(),
             config = %next.label(),
@@ -121,9 +177,44 @@ impl Daemon {
             .await;
     }
 
-    /// Re-reads the files of the remotes named (every remote, with `None`)
-    /// and rebuilds the client of each whose files changed: its probe's
-    /// now, the manager's in the next cycle. Other remotes keep theirs.
+    /// Runs the sweep of the remotes' files that is due at the poll `now`,
+    /// if one is. The next is timed from the poll, so that a sweep due every
+    /// [`CONFIG_POLL`] runs at each one.
+    pub(super) async fn sweep_when_due(&mut self, sweeps: &mut Sweeps, now: Instant) {
+        if now >= sweeps.every {
+            self.refresh_remotes(None, Noticed::Sweep).await;
+            if !self.folders.unwatched().is_empty() {
+                // Try again the folders that could not be watched.
+                self.follow_folders();
+            }
+            let files = self.resolved.iter().map(|r| r.files.len()).sum();
+            sweeps.every = now + safety_sweep_every(files);
+        } else if now >= sweeps.unwatched && !self.folders.unwatched().is_empty() {
+            let unwatched = self.folders.unwatched().to_vec();
+            self.refresh_remotes(Some(&unwatched), Noticed::Sweep).await;
+        } else {
+            return;
+        }
+        let unwatched = self.folders.unwatched();
+        let files = unwatched
+            .iter()
+            .filter_map(|&i| self.resolved.get(i))
+            .map(|r| r.files.len())
+            .sum();
+        sweeps.unwatched = now + sweep_every(files);
+    }
+
+    /// Watches the folders of the remotes' files as now read: called with
+    /// each change to `resolved`, whose indices the folders' wakes name.
+    pub(super) fn follow_folders(&mut self) {
+        self.folders
+            .follow(self.resolved.iter().map(|r| r.files.as_slice()));
+    }
+
+    /// Re-reads the files of the remotes given by index (every remote, with
+    /// `None`) and rebuilds the client of each whose files changed: its
+    /// probe's now, the manager's in the next cycle. Other remotes keep
+    /// theirs.
     ///
     /// A token file alone leaves the cycle running: the manager's clients
     /// re-read it by themselves, as client-go does, so the remote keeps its
@@ -131,7 +222,7 @@ impl Daemon {
     /// clients hold the old CA, certificate or kubeconfig. A change that
     /// does not load is logged once, and the remote keeps its last good
     /// settings.
-    pub(super) async fn refresh_remotes(&mut self, only: Option<&[String]>) {
+    pub(super) async fn refresh_remotes(&mut self, only: Option<&[usize]>, noticed: Noticed) {
         let mut rebuilt = 0;
         for (index, roles) in self.changed_files(only).await {
             let Some(spec) = self.config.remotes.get(index) else {
@@ -140,7 +231,7 @@ impl Daemon {
             let what = sources::shown(&roles);
             match remote::resolve_one(&self.config, index, spec).await {
                 Ok(mut fresh) => {
-                    info!(remote = %spec.name, "{what} changed; client rebuilt");
+                    info!(remote = %spec.name, noticed = noticed.as_str(), "{what} changed; client rebuilt");
                     if roles.iter().all(|r| *r == Role::TokenFile) {
                         fresh.generation = self.resolved[index].generation;
                     }
@@ -148,26 +239,37 @@ impl Daemon {
                     rebuilt += 1;
                 }
                 Err(err) => {
-                    error!(remote = %spec.name, error = %err, "{what} changed, but cannot be used; the remote keeps its last good settings");
+                    error!(remote = %spec.name, noticed = noticed.as_str(), error = %err, "{what} changed, but cannot be used; the remote keeps its last good settings");
                 }
             }
         }
         if rebuilt > 0 {
+            // A new kubeconfig may name files in other folders.
+            self.follow_folders();
             self.hand_over(false).await;
         }
     }
 
-    /// The remotes (those named, or every one) whose files changed, by
-    /// index, with what changed. The `stat` calls run off the async
-    /// workers: at thousands of remotes a sweep is tens of thousands.
-    async fn changed_files(&mut self, only: Option<&[String]>) -> Vec<(usize, Vec<Role>)> {
-        let files: Vec<(usize, Vec<sources::SourceFile>)> = self
-            .resolved
-            .iter_mut()
-            .enumerate()
-            .filter(|(_, r)| only.is_none_or(|names| names.contains(&r.name)))
-            .map(|(index, r)| (index, std::mem::take(&mut r.files)))
-            .collect();
+    /// The remotes (those given by index, or every one) whose files
+    /// changed, by index, with what changed. The `stat` calls run off the
+    /// async workers: at thousands of remotes a sweep is tens of thousands.
+    async fn changed_files(&mut self, only: Option<&[usize]>) -> Vec<(usize, Vec<Role>)> {
+        let files: Vec<(usize, Vec<sources::SourceFile>)> = match only {
+            // Each once: its files are taken out while they are checked.
+            Some(indices) => std::collections::BTreeSet::from_iter(indices)
+                .into_iter()
+                .filter_map(|&index| {
+                    let files = std::mem::take(&mut self.resolved.get_mut(index)?.files);
+                    Some((index, files))
+                })
+                .collect(),
+            None => self
+                .resolved
+                .iter_mut()
+                .map(|r| std::mem::take(&mut r.files))
+                .enumerate()
+                .collect(),
+        };
         let swept = tokio::task::spawn_blocking(move || {
             let mut files = files;
             let changed: Vec<(usize, Vec<Role>)> = files
@@ -204,5 +306,12 @@ mod tests {
         assert_eq!(sweep_every(0), CONFIG_POLL);
         assert_eq!(sweep_every(300), CONFIG_POLL);
         assert_eq!(sweep_every(30_000), Duration::from_secs(15));
+    }
+
+    #[test]
+    fn the_safety_sweep_runs_every_minute_until_it_would_stat_too_many_files() {
+        assert_eq!(safety_sweep_every(0), Duration::from_secs(60));
+        assert_eq!(safety_sweep_every(4_000), Duration::from_secs(60));
+        assert_eq!(safety_sweep_every(30_000), Duration::from_secs(450));
     }
 }

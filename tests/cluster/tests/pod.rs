@@ -436,11 +436,15 @@ async fn secret_rotated(kube: &Kube, b: &ControlPlane, pod: &str) {
     assert_eq!(back.name, pod, "the same pod");
     assert_eq!(back.restarts, 0, "picked up without a restart");
     let log = kube.kubectl(&["-n", NS, "logs", pod]);
-    assert!(
-        log.lines()
-            .any(|l| l.contains("kubeconfig changed") && l.contains("cluster-b")),
-        "the log says the kubeconfig changed:\n{log}"
-    );
+    let changed = log
+        .lines()
+        .find(|l| l.contains("kubeconfig changed") && l.contains("cluster-b"));
+    let Some(changed) = changed else {
+        panic!("the log says the kubeconfig changed:\n{log}");
+    };
+    // The folder's inotify watch, or a failing probe's own check, whichever
+    // came first: both are immediate.
+    println!("rotation: {changed}");
 }
 
 /// The release `ha`: three replicas over both remotes, with leader
