@@ -2,6 +2,7 @@
 //! handed to the planner (`crate::desired`), which decides what they
 //! change. Nothing here ends a cycle or touches the probes or the manager.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,7 +11,7 @@ use tokio::time::Instant;
 use tracing::{error, info, warn};
 
 use super::Daemon;
-use crate::config::remote;
+use crate::config::remote::{self, ResolvedRemote};
 use crate::config::sources::{self, Role};
 use crate::config::{Config, ConfigError};
 
@@ -119,6 +120,10 @@ impl Daemon {
             ));
         }
         let mut remotes = remote::resolve(&next).await?;
+        // By name: a search of the list for each remote would be 50 million
+        // comparisons at 10,000.
+        let last: HashMap<&str, &ResolvedRemote> =
+            self.resolved.iter().map(|r| (r.name.as_str(), r)).collect();
         for (index, remote) in remotes.iter_mut().enumerate() {
             // What the probes will need of it: a server they can key.
             tether_probes::Identity::of(&remote.config).map_err(|err| {
@@ -128,7 +133,7 @@ impl Daemon {
                     tether_supervisor::error_chain(&err),
                 )
             })?;
-            let Some(old) = self.resolved.iter().find(|old| old.name == remote.name) else {
+            let Some(old) = last.get(remote.name.as_str()) else {
                 continue;
             };
             let changed: Vec<Role> = remote
