@@ -18,6 +18,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use notify::event::{AccessKind, AccessMode};
 use notify::{EventKind, RecursiveMode, Watcher as _};
@@ -54,6 +55,9 @@ pub(super) struct Folders {
     unwatched: Vec<usize>,
     pending: Arc<Mutex<Pending>>,
     woken: Arc<tokio::sync::Notify>,
+    /// No wake before this: set by the daemon after each check, so that a
+    /// folder always busy costs no more than the sweep it replaces.
+    resting: tokio::time::Instant,
 }
 
 impl std::fmt::Debug for Folders {
@@ -119,7 +123,14 @@ impl Folders {
             unwatched: Vec::new(),
             pending,
             woken,
+            resting: tokio::time::Instant::now(),
         }
+    }
+
+    /// Holds the next wake back for `pause`: the daemon's pace for the
+    /// files it just checked.
+    pub(super) fn rest(&mut self, pause: Duration) {
+        self.resting = tokio::time::Instant::now() + pause;
     }
 
     /// Watches the folders of the remotes' files (each remote's, in the
@@ -202,12 +213,14 @@ impl Folders {
         &self.unwatched
     }
 
-    /// Waits for a change in a watched folder, then gives the remotes to
-    /// check, by index: `None` for every one (events were lost). A folder
-    /// itself replaced is watched anew.
+    /// Waits for a change in a watched folder (and for the rest the daemon
+    /// asked for), then gives the remotes to check, by index: `None` for
+    /// every one (events were lost). A folder itself replaced is watched
+    /// anew. Cancelled at any await, it loses nothing: what was seen stays
+    /// pending until a call returns it.
     pub(super) async fn changed(&mut self) -> Option<Vec<usize>> {
         loop {
-            self.woken.notified().await;
+            tokio::time::sleep_until(self.resting).await;
             let pending =
                 std::mem::take(&mut *self.pending.lock().unwrap_or_else(PoisonError::into_inner));
             if pending.everything {
@@ -230,14 +243,15 @@ impl Folders {
             if !indices.is_empty() {
                 return Some(indices);
             }
+            // What the handler adds after the take above comes with a
+            // permit, so this returns at once for it.
+            self.woken.notified().await;
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
     use crate::config::sources::{Role, SourceFile};
 
@@ -339,5 +353,22 @@ mod tests {
         std::fs::write(a.path().join("token"), "one").expect("write");
         std::fs::write(b.path().join("token"), "one").expect("write");
         assert_eq!(next(&mut folders).await, Some(vec![0]));
+    }
+
+    #[tokio::test]
+    async fn a_change_waits_for_the_rest_the_daemon_asked_for() {
+        let a = tempfile::tempdir().expect("dir");
+        let mut folders = Folders::new();
+        follow(&mut folders, &[files(&[a.path().join("token")])]);
+        let pause = Duration::from_millis(300);
+        let rested = tokio::time::Instant::now();
+        folders.rest(pause);
+        std::fs::write(a.path().join("token"), "one").expect("write");
+        assert_eq!(next(&mut folders).await, Some(vec![0]));
+        assert!(
+            rested.elapsed() >= pause,
+            "woken after {:?}",
+            rested.elapsed()
+        );
     }
 }

@@ -315,9 +315,7 @@ impl Daemon {
                     self.refresh_remotes(Some(&asked), Noticed::Probe).await;
                     let _ = done.send(());
                 }
-                changed = self.folders.changed() => {
-                    self.refresh_remotes(changed.as_deref(), Noticed::Folder).await;
-                }
+                woken = self.folders.changed() => self.refresh_woken(woken.as_deref()).await,
                 polled = poll.tick() => {
                     let now = self.config.file.as_ref().and_then(|f| std::fs::read(f).ok());
                     if now.is_some() && now != seen {

@@ -24,15 +24,21 @@ pub(super) const CONFIG_POLL: Duration = Duration::from_secs(2);
 /// core; at this pace it runs every 15 s and takes a tenth of that.
 const SWEEP_FILES_PER_SECOND: f64 = 2_000.0;
 
+/// How long checking `files` takes at [`SWEEP_FILES_PER_SECOND`]: the
+/// rest after a check, so that checks never `stat` more than that on
+/// average, however busy the folders are.
+fn paced(files: usize) -> Duration {
+    #[allow(clippy::cast_precision_loss)] // a count of files, far below 2^52
+    Duration::from_secs_f64(files as f64 / SWEEP_FILES_PER_SECOND)
+}
+
 /// How long after a sweep of the remotes' files the next one runs: every
 /// [`CONFIG_POLL`], or less often past [`SWEEP_FILES_PER_SECOND`]. A probe
 /// that fails as a rotation would asks for its own files at once, so a
 /// slower sweep only delays a rotation that broke nothing yet. This is the
 /// pace for the remotes whose folders are not watched (`folders.rs`).
 fn sweep_every(files: usize) -> Duration {
-    #[allow(clippy::cast_precision_loss)] // a count of files, far below 2^52
-    let pace = Duration::from_secs_f64(files as f64 / SWEEP_FILES_PER_SECOND);
-    pace.max(CONFIG_POLL)
+    paced(files).max(CONFIG_POLL)
 }
 
 /// How many times slower than [`sweep_every`] the sweep of every remote
@@ -192,21 +198,38 @@ impl Daemon {
                 // Try again the folders that could not be watched.
                 self.follow_folders();
             }
-            let files = self.resolved.iter().map(|r| r.files.len()).sum();
-            sweeps.every = now + safety_sweep_every(files);
+            sweeps.every = now + safety_sweep_every(self.files_of(None));
         } else if now >= sweeps.unwatched && !self.folders.unwatched().is_empty() {
             let unwatched = self.folders.unwatched().to_vec();
             self.refresh_remotes(Some(&unwatched), Noticed::Sweep).await;
         } else {
             return;
         }
-        let unwatched = self.folders.unwatched();
-        let files = unwatched
-            .iter()
-            .filter_map(|&i| self.resolved.get(i))
-            .map(|r| r.files.len())
-            .sum();
-        sweeps.unwatched = now + sweep_every(files);
+        let unwatched = self.files_of(Some(self.folders.unwatched()));
+        sweeps.unwatched = now + sweep_every(unwatched);
+    }
+
+    /// Checks the files of the remotes a change in their folders woke
+    /// (every remote, with `None`), then rests the folders' wakes for as
+    /// long as the sweep's pace gives those files: a folder always busy
+    /// then costs what the old sweep did, and no more.
+    pub(super) async fn refresh_woken(&mut self, woken: Option<&[usize]>) {
+        self.refresh_remotes(woken, Noticed::Folder).await;
+        let files = self.files_of(woken);
+        self.folders.rest(paced(files));
+    }
+
+    /// How many files the remotes given by index (every one, with `None`)
+    /// were read from.
+    fn files_of(&self, only: Option<&[usize]>) -> usize {
+        match only {
+            None => self.resolved.iter().map(|r| r.files.len()).sum(),
+            Some(indices) => indices
+                .iter()
+                .filter_map(|&i| self.resolved.get(i))
+                .map(|r| r.files.len())
+                .sum(),
+        }
     }
 
     /// Watches the folders of the remotes' files as now read: called with
