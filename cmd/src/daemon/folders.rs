@@ -18,7 +18,6 @@
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
 
 use notify::event::{AccessKind, AccessMode};
 use notify::{EventKind, RecursiveMode, Watcher as _};
@@ -127,10 +126,10 @@ impl Folders {
         }
     }
 
-    /// Holds the next wake back for `pause`: the daemon's pace for the
-    /// files it just checked.
-    pub(super) fn rest(&mut self, pause: Duration) {
-        self.resting = tokio::time::Instant::now() + pause;
+    /// Holds the next wake back until `at`: the daemon's pace for the
+    /// files it checked. What changes meanwhile waits, and is not lost.
+    pub(super) fn rest_until(&mut self, at: tokio::time::Instant) {
+        self.resting = at;
     }
 
     /// Watches the folders of the remotes' files (each remote's, in the
@@ -252,6 +251,8 @@ impl Folders {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use crate::config::sources::{Role, SourceFile};
 
@@ -362,7 +363,7 @@ mod tests {
         follow(&mut folders, &[files(&[a.path().join("token")])]);
         let pause = Duration::from_millis(300);
         let rested = tokio::time::Instant::now();
-        folders.rest(pause);
+        folders.rest_until(rested + pause);
         std::fs::write(a.path().join("token"), "one").expect("write");
         assert_eq!(next(&mut folders).await, Some(vec![0]));
         assert!(

@@ -315,7 +315,9 @@ impl Daemon {
                     self.refresh_remotes(Some(&asked), Noticed::Probe).await;
                     let _ = done.send(());
                 }
-                woken = self.folders.changed() => self.refresh_woken(woken.as_deref()).await,
+                woken = self.folders.changed() => {
+                    self.refresh_woken(woken.as_deref(), &mut sweeps).await;
+                }
                 polled = poll.tick() => {
                     let now = self.config.file.as_ref().and_then(|f| std::fs::read(f).ok());
                     if now.is_some() && now != seen {

@@ -24,21 +24,16 @@ pub(super) const CONFIG_POLL: Duration = Duration::from_secs(2);
 /// core; at this pace it runs every 15 s and takes a tenth of that.
 const SWEEP_FILES_PER_SECOND: f64 = 2_000.0;
 
-/// How long checking `files` takes at [`SWEEP_FILES_PER_SECOND`]: the
-/// rest after a check, so that checks never `stat` more than that on
-/// average, however busy the folders are.
-fn paced(files: usize) -> Duration {
-    #[allow(clippy::cast_precision_loss)] // a count of files, far below 2^52
-    Duration::from_secs_f64(files as f64 / SWEEP_FILES_PER_SECOND)
-}
-
 /// How long after a sweep of the remotes' files the next one runs: every
 /// [`CONFIG_POLL`], or less often past [`SWEEP_FILES_PER_SECOND`]. A probe
 /// that fails as a rotation would asks for its own files at once, so a
 /// slower sweep only delays a rotation that broke nothing yet. This is the
-/// pace for the remotes whose folders are not watched (`folders.rs`).
+/// pace for the remotes whose folders are not watched (`folders.rs`), and
+/// the rest after a check a folder's change woke.
 fn sweep_every(files: usize) -> Duration {
-    paced(files).max(CONFIG_POLL)
+    #[allow(clippy::cast_precision_loss)] // a count of files, far below 2^52
+    let pace = Duration::from_secs_f64(files as f64 / SWEEP_FILES_PER_SECOND);
+    pace.max(CONFIG_POLL)
 }
 
 /// How many times slower than [`sweep_every`] the sweep of every remote
@@ -55,11 +50,29 @@ fn safety_sweep_every(files: usize) -> Duration {
 /// When the two sweeps of the remotes' files run next: over every remote
 /// (at once when the daemon starts, which finds what changed before the
 /// folders were watched; then as the safety net), and over those in
-/// folders not watched, at the old pace.
+/// folders not watched, at the old pace; and what the checks the folders
+/// woke spent of that pace.
 #[derive(Debug)]
 pub(super) struct Sweeps {
     every: Instant,
     unwatched: Instant,
+    /// How far the checks that the folders' changes woke have spent the
+    /// sweep's pace: each moves it on by its files' time at that pace.
+    spent: Instant,
+}
+
+impl Sweeps {
+    /// Spends, at `now`, the time that checking `files` of `every` file
+    /// takes at the sweep's pace; gives when the next check may run: at
+    /// once while the checks stay within one sweep of every file ahead of
+    /// the pace.
+    fn spend(&mut self, now: Instant, files: usize, every: usize) -> Instant {
+        let window = sweep_every(every);
+        #[allow(clippy::cast_precision_loss)] // counts of files, far below 2^52
+        let share = files as f64 / every.max(1) as f64;
+        self.spent = self.spent.max(now) + window.mul_f64(share);
+        self.spent.checked_sub(window).map_or(now, |at| at.max(now))
+    }
 }
 
 impl Default for Sweeps {
@@ -68,6 +81,7 @@ impl Default for Sweeps {
         Self {
             every: now,
             unwatched: now,
+            spent: now,
         }
     }
 }
@@ -210,13 +224,17 @@ impl Daemon {
     }
 
     /// Checks the files of the remotes a change in their folders woke
-    /// (every remote, with `None`), then rests the folders' wakes for as
-    /// long as the sweep's pace gives those files: a folder always busy
-    /// then costs what the old sweep did, and no more.
-    pub(super) async fn refresh_woken(&mut self, woken: Option<&[usize]>) {
+    /// (every remote, with `None`), and spends their share of a sweep:
+    /// checks may run at once as long as together they stay within one
+    /// sweep of every file plus the sweep's pace, and then wait for it. A
+    /// rotation's burst of events in one folder costs a few files of that,
+    /// while a folder always busy costs what a sweep every 2 s did, and no
+    /// more.
+    pub(super) async fn refresh_woken(&mut self, woken: Option<&[usize]>, sweeps: &mut Sweeps) {
+        let now = Instant::now();
         self.refresh_remotes(woken, Noticed::Folder).await;
-        let files = self.files_of(woken);
-        self.folders.rest(paced(files));
+        let rest = sweeps.spend(now, self.files_of(woken), self.files_of(None));
+        self.folders.rest_until(rest);
     }
 
     /// How many files the remotes given by index (every one, with `None`)
@@ -334,6 +352,28 @@ mod tests {
         assert_eq!(sweep_every(0), CONFIG_POLL);
         assert_eq!(sweep_every(300), CONFIG_POLL);
         assert_eq!(sweep_every(30_000), Duration::from_secs(15));
+    }
+
+    #[test]
+    fn checks_a_folder_woke_run_at_once_within_a_sweeps_worth_then_at_its_pace() {
+        let mut sweeps = Sweeps::default();
+        let now = sweeps.spent;
+        // A rotation's events, one remote of three files among 1,000
+        // remotes: a few checks at once.
+        for _ in 0..10 {
+            assert_eq!(sweeps.spend(now, 3, 3_000), now);
+        }
+        // A folder of every file, always busy: one more check at once (a
+        // sweep's worth), then one every 2 s, as the sweep was.
+        let mut sweeps = Sweeps::default();
+        let now = sweeps.spent;
+        assert_eq!(sweeps.spend(now, 3_000, 3_000), now);
+        assert_eq!(sweeps.spend(now, 3_000, 3_000), now + CONFIG_POLL);
+        let later = now + CONFIG_POLL;
+        assert_eq!(sweeps.spend(later, 3_000, 3_000), later + CONFIG_POLL);
+        // Quiet for long, the pace is owed nothing.
+        let quiet = later + Duration::from_secs(3_600);
+        assert_eq!(sweeps.spend(quiet, 3_000, 3_000), quiet);
     }
 
     #[test]
