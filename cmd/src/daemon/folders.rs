@@ -26,9 +26,9 @@ use tracing::warn;
 use crate::config::sources::SourceFile;
 
 /// The most paths of events kept between two wakes of the daemon; past it,
-/// every remote is checked instead. The daemon drains them at once, so only
-/// a storm of changes beside the files (thousands of new entries in a
-/// watched folder) gets here.
+/// every remote is checked instead. The daemon drains them at each wake,
+/// at most a sweep's pace apart, so only a storm of new entries beside the
+/// files (thousands of names in a watched folder) gets here.
 const PENDING_MAX: usize = 4_096;
 
 /// What the watcher's thread hands the daemon.

@@ -29,7 +29,7 @@ const SWEEP_FILES_PER_SECOND: f64 = 2_000.0;
 /// that fails as a rotation would asks for its own files at once, so a
 /// slower sweep only delays a rotation that broke nothing yet. This is the
 /// pace for the remotes whose folders are not watched (`folders.rs`), and
-/// the rest after a check a folder's change woke.
+/// what the checks a folder's change wakes are held to ([`Sweeps::spend`]).
 fn sweep_every(files: usize) -> Duration {
     #[allow(clippy::cast_precision_loss)] // a count of files, far below 2^52
     let pace = Duration::from_secs_f64(files as f64 / SWEEP_FILES_PER_SECOND);
