@@ -89,10 +89,16 @@ impl Folders {
             let pending = Arc::clone(&pending);
             let woken = Arc::clone(&woken);
             move |event: notify::Result<notify::Event>| {
+                if event
+                    .as_ref()
+                    .is_ok_and(|e| !e.need_rescan() && !may_change(e.kind))
+                {
+                    // An open or a read: most of a busy folder's events.
+                    return;
+                }
                 let mut pending = pending.lock().unwrap_or_else(PoisonError::into_inner);
                 match event {
                     Ok(event) if event.need_rescan() => pending.everything = true,
-                    Ok(event) if !may_change(event.kind) => return,
                     Ok(event) => {
                         if pending.paths.len() + event.paths.len() > PENDING_MAX {
                             pending.everything = true;
