@@ -309,6 +309,24 @@ async fn ran_on(
     assert!(changed >= 1.0, "{what}: no remote {change} for a share");
 }
 
+/// Asserts that `tether_remote_owned` is 1 on each remote's owner and 0 on
+/// the other replicas: set in the step that changes what `/status.json`
+/// says a replica holds, so a settled share shows in it at once.
+async fn owned_series_follow(replicas: &[&Replica], owners: &BTreeMap<String, String>) {
+    for replica in replicas {
+        let (_, metrics) = replica.tether.get("/metrics").await.expect("metrics");
+        for (name, owner) in owners {
+            let series = format!("tether_remote_owned{{remote=\"{name}\"}} ");
+            let value = metrics
+                .lines()
+                .find_map(|line| line.strip_prefix(&series))
+                .unwrap_or_else(|| panic!("{} exports no {series}", replica.id));
+            let want = if *owner == replica.id { "1" } else { "0" };
+            assert_eq!(value.trim(), want, "{series}on {}", replica.id);
+        }
+    }
+}
+
 /// Asserts that each remote's reachability gauge is on its owner alone.
 async fn only_owners_export(
     replicas: &[&Replica],
@@ -422,6 +440,7 @@ async fn share_the_remotes(leases: &impl Cluster, events: Option<&Path>) {
     probed_by_owners_alone(&owners, &remotes).await;
     // Only the owner exports a remote's gauge.
     only_owners_export(&[&a, &b, &c], &owners, &remotes).await;
+    owned_series_follow(&[&a, &b, &c], &owners).await;
 
     // A replica dies: its remotes move to the others within leaseDuration
     // and a round or two; no other remote moves, and the others take them
@@ -431,6 +450,7 @@ async fn share_the_remotes(leases: &impl Cluster, events: Option<&Path>) {
     let _ = c.tether.wait().await;
     let killed = Instant::now();
     let (after, took) = until_settled(&[&a, &b], &remotes).await;
+    owned_series_follow(&[&a, &b], &after).await;
     let moved = moved_between(&owners, &after);
     eprintln!(
         "a member lost: {} of {REMOTES} remotes moved in {:?} (settled {took:?} after the first poll)",
@@ -466,6 +486,7 @@ async fn share_the_remotes(leases: &impl Cluster, events: Option<&Path>) {
     // others give theirs up in their running cycles.
     let d = replica("tether-d", leases, &remotes, in_pod);
     let (joined, took) = until_settled(&[&a, &b, &d], &remotes).await;
+    owned_series_follow(&[&a, &b, &d], &joined).await;
     let moved = moved_between(&after, &joined);
     eprintln!(
         "a member joined: {} of {REMOTES} remotes moved to it in {took:?}",

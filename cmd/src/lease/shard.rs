@@ -126,6 +126,93 @@ pub fn plan<'k>(me: &str, keys: impl IntoIterator<Item = &'k str>, live: &[Membe
     plan
 }
 
+/// A round's ownership, computed again only when its inputs change: it
+/// costs a SHA-256 for each remote and member (a million a round for
+/// 100,000 remotes and ten replicas), and most rounds change nothing.
+#[derive(Debug, Default)]
+struct Memo {
+    mine: Option<Mine>,
+    plan: Option<Planned>,
+}
+
+/// What [`Memo::mine`] computed, and from what.
+#[derive(Debug)]
+struct Mine {
+    keys: Arc<Keys>,
+    members: BTreeSet<String>,
+    names: BTreeSet<String>,
+}
+
+/// What [`Memo::plan`] computed, by name, and from what.
+#[derive(Debug)]
+struct Planned {
+    keys: Arc<Keys>,
+    live: Vec<Member>,
+    hold: BTreeSet<String>,
+    waiting: BTreeSet<String>,
+}
+
+impl Memo {
+    /// The names of the remotes in `keys` that `me` owns among `members`.
+    fn mine(
+        &mut self,
+        me: &str,
+        keys: &Arc<Keys>,
+        members: &BTreeSet<String>,
+    ) -> &BTreeSet<String> {
+        let fresh = self
+            .mine
+            .as_ref()
+            .is_some_and(|m| Arc::ptr_eq(&m.keys, keys) && m.members == *members);
+        if !fresh {
+            let names = keys
+                .iter()
+                .filter(|(_, key)| owner(key, members.iter().map(String::as_str)) == Some(me))
+                .map(|(name, _)| name.clone())
+                .collect();
+            self.mine = Some(Mine {
+                keys: Arc::clone(keys),
+                members: members.clone(),
+                names,
+            });
+        }
+        &self.mine.as_ref().expect("set above").names
+    }
+
+    /// [`plan`] for `me`, `keys` and `live`, by name: what to hold, and
+    /// what to wait for.
+    fn plan(
+        &mut self,
+        me: &str,
+        keys: &Arc<Keys>,
+        mut live: Vec<Member>,
+    ) -> (&BTreeSet<String>, &BTreeSet<String>) {
+        live.sort_by(|a, b| a.identity.cmp(&b.identity));
+        let fresh = self
+            .plan
+            .as_ref()
+            .is_some_and(|p| Arc::ptr_eq(&p.keys, keys) && p.live == live);
+        if !fresh {
+            let key_list: BTreeSet<&str> = keys.values().map(String::as_str).collect();
+            let plan = plan(me, key_list.iter().copied(), &live);
+            let by_key = |names: &BTreeSet<String>| -> BTreeSet<String> {
+                keys.iter()
+                    .filter(|(_, key)| names.contains(*key))
+                    .map(|(name, _)| name.clone())
+                    .collect()
+            };
+            self.plan = Some(Planned {
+                keys: Arc::clone(keys),
+                live,
+                hold: by_key(&plan.hold),
+                waiting: by_key(&plan.waiting),
+            });
+        }
+        let planned = self.plan.as_ref().expect("set above");
+        (&planned.hold, &planned.waiting)
+    }
+}
+
 /// The label that marks a shard Lease, its value the prefix: the members
 /// are the Leases that carry it.
 pub const GROUP_LABEL: &str = "tether.dev/shard-group";
@@ -159,9 +246,13 @@ pub struct ShardState {
     pub twin: bool,
     /// Why the last round failed, if it did.
     pub last_error: Option<String>,
-    /// The remotes with a `tether_remote_owned` series.
-    exported: BTreeSet<String>,
+    /// The remotes with a `tether_remote_owned` series: the keys as last
+    /// held under.
+    exported: Arc<Keys>,
 }
+
+/// The configured remotes, by name, with their keys (normalized URLs).
+type Keys = BTreeMap<String, String>;
 
 #[derive(Debug)]
 struct Shared {
@@ -179,7 +270,7 @@ pub struct ShardHandle {
     shared: Arc<Shared>,
     holding: watch::Receiver<BTreeSet<String>>,
     gate: Arc<watch::Sender<bool>>,
-    keys: watch::Sender<BTreeMap<String, String>>,
+    keys: watch::Sender<Arc<Keys>>,
     applied: watch::Sender<BTreeSet<String>>,
 }
 
@@ -231,8 +322,8 @@ impl ShardHandle {
 
     /// The configured remotes, by name, with their keys (normalized URLs),
     /// at start and after each reload.
-    pub fn set_remotes(&self, keys: BTreeMap<String, String>) {
-        self.keys.send_replace(keys);
+    pub fn set_remotes(&self, keys: Keys) {
+        self.keys.send_replace(Arc::new(keys));
     }
 
     /// Tells the sharding that nothing runs the remotes outside `names`
@@ -266,9 +357,11 @@ pub struct Sharding {
     shared: Arc<Shared>,
     holding: watch::Sender<BTreeSet<String>>,
     gate: Arc<watch::Sender<bool>>,
-    keys: watch::Receiver<BTreeMap<String, String>>,
+    keys: watch::Receiver<Arc<Keys>>,
     applied: watch::Receiver<BTreeSet<String>>,
     handle: ShardHandle,
+    /// The last round's ownership, while its inputs stay the same.
+    memo: Memo,
     /// What this replica has seen of its own Lease, and wrote to it.
     own: Observer,
     /// The other members' Leases, by name.
@@ -362,7 +455,7 @@ impl Sharding {
         });
         let (holding, holding_rx) = watch::channel(BTreeSet::new());
         let gate = Arc::new(watch::channel(false).0);
-        let (keys_tx, keys) = watch::channel(BTreeMap::new());
+        let (keys_tx, keys) = watch::channel(Arc::default());
         let (applied_tx, applied) = watch::channel(BTreeSet::new());
         Ok(Self {
             own: Observer::new(election.lease_duration),
@@ -381,6 +474,7 @@ impl Sharding {
             holding,
             gate,
             keys,
+            memo: Memo::default(),
             applied,
             seen: BTreeMap::new(),
             view: BTreeSet::new(),
@@ -404,26 +498,35 @@ impl Sharding {
         self.shared
             .owned
             .set(i64::try_from(names.len()).unwrap_or(i64::MAX));
-        let configured: BTreeSet<String> = self.keys.borrow().keys().cloned().collect();
-        let exported: BTreeSet<String> = lock(&self.shared.state).exported.clone();
-        for gone in exported.difference(&configured) {
-            let _ = self.shared.remote_owned.remove_label_values(&[gone]);
-        }
-        for name in &configured {
-            self.shared
-                .remote_owned
-                .with_label_values(&[name])
-                .set(i64::from(names.contains(name)));
-        }
         self.shared
             .members
             .set(i64::try_from(members.len()).unwrap_or(i64::MAX));
         {
+            let configured = Arc::clone(&self.keys.borrow());
             let mut state = lock(&self.shared.state);
+            // Every round holds, and most change nothing: the series are
+            // all written when the remotes change, and otherwise only
+            // those of the remotes taken or given up.
+            let set = |name: &String| {
+                self.shared
+                    .remote_owned
+                    .with_label_values(&[name])
+                    .set(i64::from(names.contains(name)));
+            };
+            if Arc::ptr_eq(&state.exported, &configured) {
+                state.owned.symmetric_difference(&names).for_each(set);
+            } else {
+                for gone in state.exported.keys() {
+                    if !configured.contains_key(gone) {
+                        let _ = self.shared.remote_owned.remove_label_values(&[gone]);
+                    }
+                }
+                configured.keys().for_each(set);
+                state.exported = configured;
+            }
             state.owned.clone_from(&names);
             state.waiting = waiting;
             state.members = members;
-            state.exported = configured;
         }
         let none = names.is_empty();
         self.holding.send_if_modified(|held| {
@@ -697,21 +800,15 @@ impl Claimant for Sharding {
         let member_list: Vec<String> = members.iter().cloned().collect();
         lock(&self.shared.state).joining =
             (!joined).then(|| since + self.spec.lease_duration.duration() - now);
-        let keys = self.keys.borrow().clone();
+        let keys = Arc::clone(&self.keys.borrow());
         // Give up first: what the new members take from this replica stops
         // now, and the view that lets them take it is published only once
         // the daemon says nothing runs it any more (the manager may take
         // its grace period to return). Meanwhile the old view is renewed,
         // and nothing is taken.
         let held = self.holding.borrow().clone();
-        let mine: BTreeSet<String> = keys
-            .iter()
-            .filter(|(_, key)| {
-                owner(key, members.iter().map(String::as_str)) == Some(self.identity.as_str())
-            })
-            .map(|(name, _)| name.clone())
-            .collect();
-        let kept: BTreeSet<String> = held.intersection(&mine).cloned().collect();
+        let mine = self.memo.mine(&self.identity, &keys, &members);
+        let kept: BTreeSet<String> = held.intersection(mine).cloned().collect();
         if kept != held {
             let waiting = lock(&self.shared.state).waiting.clone();
             self.hold(kept.clone(), waiting, member_list.clone());
@@ -741,17 +838,11 @@ impl Claimant for Sharding {
             identity: self.identity.clone(),
             view: members,
         });
-        let key_list: BTreeSet<&str> = keys.values().map(String::as_str).collect();
-        let plan = plan(&self.identity, key_list.iter().copied(), &live);
-        let by_key = |names: &BTreeSet<String>| -> BTreeSet<String> {
-            keys.iter()
-                .filter(|(_, key)| names.contains(*key))
-                .map(|(name, _)| name.clone())
-                .collect()
-        };
-        let mut taking = by_key(&plan.hold);
+        let (to_hold, to_wait) = self.memo.plan(&self.identity, &keys, live);
+        let mut taking = to_hold.clone();
         taking.extend(kept);
-        self.hold(taking, by_key(&plan.waiting), member_list);
+        let waiting = to_wait.clone();
+        self.hold(taking, waiting, member_list);
         if joined {
             self.collect(stale).await;
         }
@@ -913,6 +1004,62 @@ mod tests {
             "a joiner's share went unheld"
         );
         assert!(c.hold.is_empty() && c.waiting.is_empty(), "{c:?}");
+    }
+
+    #[test]
+    fn the_memo_gives_what_a_fresh_computation_gives_as_its_inputs_change() {
+        let named = |n: usize| -> Arc<Keys> {
+            Arc::new(
+                keys(n)
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, key)| (format!("r{i}"), key))
+                    .collect(),
+            )
+        };
+        let by_name = |keys: &Keys, of: &BTreeSet<String>| -> BTreeSet<String> {
+            keys.iter()
+                .filter(|(_, key)| of.contains(*key))
+                .map(|(name, _)| name.clone())
+                .collect()
+        };
+        let mut memo = Memo::default();
+        let (some, more) = (named(300), named(400));
+        let two: BTreeSet<String> = ["a".to_owned(), "b".to_owned()].into();
+        let three: BTreeSet<String> = ["a".to_owned(), "b".to_owned(), "c".to_owned()].into();
+        let settled = [member("b", &["a", "b"]), member("a", &["a", "b"])];
+        // b has not yet published a view with a in it: what a owns, it
+        // waits for.
+        let moving = [member("a", &["a", "b"]), member("b", &["b"])];
+        // Each step changes one input, then repeats it, as rounds do.
+        for (keys, members, live) in [
+            (&some, &two, &settled),
+            (&some, &two, &settled),
+            (&some, &three, &settled),
+            (&more, &three, &settled),
+            (&more, &three, &moving),
+            (&more, &three, &moving),
+            (&some, &two, &settled),
+        ] {
+            let fresh: BTreeSet<String> = keys
+                .iter()
+                .filter(|(_, k)| owner(k, members.iter().map(String::as_str)) == Some("a"))
+                .map(|(name, _)| name.clone())
+                .collect();
+            assert_eq!(*memo.mine("a", keys, members), fresh);
+            let want = plan("a", keys.values().map(String::as_str), live);
+            let (hold, waiting) = memo.plan("a", keys, live.to_vec());
+            assert_eq!(*hold, by_name(keys, &want.hold));
+            assert_eq!(*waiting, by_name(keys, &want.waiting));
+            assert!(!(hold.is_empty() && waiting.is_empty()), "a owns nothing");
+        }
+        // The same live members, listed in another order, are the same
+        // inputs: the memo keeps what it had (a new computation would keep
+        // the list it was handed).
+        let kept = |memo: &Memo| memo.plan.as_ref().map(|p| p.live.as_ptr());
+        let before = kept(&memo);
+        let _ = memo.plan("a", &some, settled.iter().rev().cloned().collect());
+        assert_eq!(kept(&memo), before);
     }
 
     /// One step of a member in the model below.
