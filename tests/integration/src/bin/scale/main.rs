@@ -49,7 +49,7 @@ mod shards;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
-use std::net::TcpStream;
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::sync::{Arc, Mutex};
@@ -118,6 +118,7 @@ struct Args {
     most_instructions_a_probe: Option<f64>,
     /// Run tether under this command (`heaptrack -o FILE`), in a process
     /// group stopped with SIGTERM; its CPU and RSS are then the wrapper's.
+    /// With `--replicas`, the first replica alone.
     #[arg(long)]
     wrap: Option<String>,
     /// Share the remotes among this many tether processes (sharding on
@@ -152,6 +153,8 @@ struct Args {
     /// Internal: serve remotes `FROM..FROM+COUNT` into this folder.
     #[arg(long, hide = true, requires = "serve_count")]
     serve_dir: Option<PathBuf>,
+    #[arg(long, hide = true, default_value_t = Ipv4Addr::LOCALHOST)]
+    serve_address: Ipv4Addr,
     #[arg(long, hide = true, default_value_t = 0)]
     serve_from: usize,
     #[arg(long, hide = true)]
@@ -184,7 +187,13 @@ type Result<T, E = String> = std::result::Result<T, E>;
 
 fn run(args: &Args) -> Result<()> {
     if let (Some(dir), Some(count)) = (&args.serve_dir, args.serve_count) {
-        return serve(dir, args.serve_from, count, args.apiservers);
+        return serve(
+            dir,
+            args.serve_address,
+            args.serve_from,
+            count,
+            args.apiservers,
+        );
     }
     if args.apiservers == Apiservers::Real && args.detection.is_none() {
         return Err("--apiservers real goes with --detection N".to_owned());

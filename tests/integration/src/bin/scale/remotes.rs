@@ -3,7 +3,9 @@
 use crate::*;
 
 /// Simulated remotes, served by child processes of this binary, with a
-/// kubeconfig, a CA file and a token file each in one folder.
+/// kubeconfig, a CA file and a token file each in one folder. Each process
+/// serves its remotes on a loopback address of its own ([`address`]): one
+/// address has about 28,000 ephemeral ports, fewer than 100,000 remotes.
 pub(crate) struct Remotes {
     pub(crate) servers: Vec<Server>,
     pub(crate) urls: Vec<String>,
@@ -33,11 +35,12 @@ impl Remotes {
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
         let mut servers = Vec::new();
-        for from in (0..count).step_by(PER_PROCESS) {
+        for (process, from) in (0..count).step_by(PER_PROCESS).enumerate() {
             let kind = clap::ValueEnum::to_possible_value(&apiservers).expect("none is skipped");
             let mut child = Command::new(&exe)
                 .args(["--apiservers", kind.get_name()])
                 .args(["--serve-dir", &dir.path().to_string_lossy()])
+                .args(["--serve-address", &address(process)?.to_string()])
                 .args(["--serve-from", &from.to_string()])
                 .args(["--serve-count", &PER_PROCESS.min(count - from).to_string()])
                 .stdin(Stdio::piped())
@@ -125,23 +128,36 @@ pub(crate) enum Served {
     Real(Box<ControlPlane>),
 }
 
+/// The loopback address the `process`th server process listens on:
+/// 127.0.1.1, 127.0.1.2, and on (all of 127.0.0.0/8 is the loopback).
+fn address(process: usize) -> Result<Ipv4Addr> {
+    let last = u8::try_from(process + 1)
+        .ok()
+        .filter(|n| *n < u8::MAX)
+        .ok_or_else(|| format!("more than 254 server processes ({process})"))?;
+    Ok(Ipv4Addr::new(127, 0, 1, last))
+}
+
 impl Served {
-    async fn start(i: usize, apiservers: Apiservers) -> Result<Self> {
+    /// The `i`th remote; a simulated one listens on `address`, and a real
+    /// one, whose certificate names 127.0.0.1, on its own.
+    async fn start(i: usize, apiservers: Apiservers, address: Ipv4Addr) -> Result<Self> {
         if apiservers == Apiservers::Real {
             ControlPlane::start(RealOptions::default().name(name(i)))
                 .await
                 .map(|plane| Self::Real(Box::new(plane)))
                 .map_err(|e| format!("real remote {i}: {e}"))
         } else {
-            ApiServer::start(
-                Options::default()
-                    .tls(true)
-                    .token(format!("token-{i:05}"))
-                    .name(name(i)),
-            )
-            .await
-            .map(Self::Simulated)
-            .map_err(|e| format!("simulated remote {i}: {e}"))
+            let mut options = Options::default()
+                .addr(SocketAddr::from((address, 0)))
+                .tls(true)
+                .token(format!("token-{i:05}"))
+                .name(name(i));
+            options.extra_names.push(address.to_string());
+            ApiServer::start(options)
+                .await
+                .map(Self::Simulated)
+                .map_err(|e| format!("simulated remote {i}: {e}"))
         }
     }
 
@@ -182,11 +198,17 @@ impl Served {
     }
 }
 
-/// The server process: starts `count` remotes served by `apiservers`,
-/// writes their files, prints `url <url>` for each and `ready`,
+/// The server process: starts `count` remotes served by `apiservers`
+/// (simulated ones on `address`), writes their files, prints `url <url>` for each and `ready`,
 /// then applies `<index> <fault>` lines from stdin until it closes, and
 /// answers `lists <path>` with the requests of `path` each remote served.
-pub(crate) fn serve(dir: &Path, from: usize, count: usize, apiservers: Apiservers) -> Result<()> {
+pub(crate) fn serve(
+    dir: &Path,
+    address: Ipv4Addr,
+    from: usize,
+    count: usize,
+    apiservers: Apiservers,
+) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -195,7 +217,7 @@ pub(crate) fn serve(dir: &Path, from: usize, count: usize, apiservers: Apiserver
     let servers = runtime.block_on(async {
         let mut servers = Vec::with_capacity(count);
         for i in from..from + count {
-            servers.push(Served::start(i, apiservers).await?);
+            servers.push(Served::start(i, apiservers, address).await?);
         }
         Ok::<_, String>(servers)
     })?;
