@@ -423,6 +423,20 @@ mod tests {
     }
 
     #[test]
+    fn a_file_may_list_more_remotes_than_the_parsers_default_budget_allows() {
+        use std::fmt::Write as _;
+
+        // 60,000 remotes are 300,000 nodes: past serde-saphyr's default
+        // of 250,000, within the file's own 2.5 MB.
+        let mut text = String::from("remotes:\n");
+        for i in 0..60_000 {
+            let _ = writeln!(text, "  - {{name: r{i}, server: \"https://h{i}:6443\"}}");
+        }
+        let config = parse(&text).expect("a file of 60,000 remotes");
+        assert_eq!(config.remotes.len(), 60_000);
+    }
+
+    #[test]
     fn a_type_error_names_the_full_path() {
         let err = parse(&format!(
             "supervisor: {{backoff: {{jitter: lots}}}}\n{REMOTE}"

@@ -21,6 +21,20 @@ use super::raw::RawConfig;
 /// whole tree again. Past these, a last line says more may follow.
 const MAX_MORE: usize = 32;
 
+/// What parsing `text` may cost. serde-saphyr's default budget (250,000
+/// nodes, a million events) is passed by a file that lists 50,000 remotes,
+/// and fleets list more. A file without aliases holds fewer nodes and
+/// events than bytes, so its own size is allowed too: an alias bomb stays
+/// bounded by the file it is in, and the aliases by serde-saphyr's caps.
+fn options(text: &str) -> serde_saphyr::Options {
+    let mut budget = serde_saphyr::Budget::default();
+    budget.max_nodes = budget.max_nodes.max(text.len());
+    budget.max_events = budget.max_events.max(text.len());
+    let mut options = serde_saphyr::Options::default();
+    options.budget = Some(budget);
+    options
+}
+
 /// `text` in its raw shape, or every unknown key in it beside its first
 /// mistake, each named by its path (`probe.jitter`, `remotes[1].sever`).
 pub(super) fn raw(text: &str, file: &str) -> Result<RawConfig, ConfigError> {
@@ -30,7 +44,7 @@ pub(super) fn raw(text: &str, file: &str) -> Result<RawConfig, ConfigError> {
     // serde_path_to_error follows the keys and indices down to the error,
     // which serde-saphyr's own message does not name.
     let mut path = None;
-    serde_saphyr::with_deserializer_from_str(text, |deserializer| {
+    serde_saphyr::with_deserializer_from_str_with_options(text, options(text), |deserializer| {
         serde_path_to_error::deserialize(deserializer).map_err(|err| {
             path = Some(err.path().clone());
             err.into_inner()
@@ -48,7 +62,7 @@ pub(super) fn raw(text: &str, file: &str) -> Result<RawConfig, ConfigError> {
 /// The unknown keys of `text` other than at `first`, where its parse
 /// failed: none when the tree cannot be read or `first` is not a key.
 fn unknown_keys(text: &str, file: &str, first: &KeyPath) -> Vec<ConfigError> {
-    let Ok(mut tree) = serde_saphyr::from_str::<Value>(text) else {
+    let Ok(mut tree) = serde_saphyr::from_str_with_options::<Value>(text, options(text)) else {
         return Vec::new();
     };
     let mut found = Vec::new();
@@ -170,5 +184,26 @@ impl de::Error for TreeError {
             field: field.to_owned(),
             expected,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fmt::Write as _;
+
+    use super::*;
+
+    #[test]
+    fn an_alias_bomb_is_refused_within_the_files_own_size() {
+        // Nine levels of ten aliases each: a few hundred bytes, a billion
+        // nodes once expanded.
+        let mut text = String::from("x0: &x0 [a]\n");
+        for level in 1..=9 {
+            let refs = vec![format!("*x{}", level - 1); 10].join(", ");
+            let _ = writeln!(text, "x{level}: &x{level} [{refs}]");
+        }
+        let err = serde_saphyr::from_str_with_options::<Value>(&text, options(&text))
+            .expect_err("a bomb");
+        assert!(err.to_string().contains("budget breached"), "{err}");
     }
 }
