@@ -156,18 +156,7 @@ pub(crate) fn fleet_controller(count: usize) -> Result<Value> {
     }
     eprintln!("starting {count} simulated remotes (HTTPS, token each) and a real home cluster");
     let mut remotes = Remotes::start(count)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| format!("tokio runtime: {e}"))?;
-    let home = runtime
-        .block_on(ControlPlane::start(RealOptions::default().name("home")))
-        .map_err(|e| format!("the home cluster: {e}"))?;
-    let home_kubeconfig = remotes.path("home.kubeconfig");
-    home.kubeconfig()
-        .write(&home_kubeconfig)
-        .map_err(|e| e.to_string())?;
+    let (runtime, home, home_kubeconfig) = home_cluster(&remotes, 2)?;
     let controller = tether_testkit::peer("mirror-controller").map_err(|e| e.to_string())?;
     let admin = format!("127.0.0.1:{}", tether_testkit::free_port());
     let health = format!("127.0.0.1:{}", tether_testkit::free_port());

@@ -198,6 +198,27 @@ impl Served {
     }
 }
 
+/// A runtime of `workers` threads, and a real home cluster on it, its
+/// kubeconfig written beside the remotes' files as `home.kubeconfig`.
+pub(crate) fn home_cluster(
+    remotes: &Remotes,
+    workers: usize,
+) -> Result<(tokio::runtime::Runtime, ControlPlane, PathBuf)> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("tokio runtime: {e}"))?;
+    let home = runtime
+        .block_on(ControlPlane::start(RealOptions::default().name("home")))
+        .map_err(|e| format!("the home cluster: {e}"))?;
+    let kubeconfig = remotes.path("home.kubeconfig");
+    home.kubeconfig()
+        .write(&kubeconfig)
+        .map_err(|e| e.to_string())?;
+    Ok((runtime, home, kubeconfig))
+}
+
 /// The server process: starts `count` remotes served by `apiservers`
 /// (simulated ones on `address`), writes their files, prints `url <url>` for each and `ready`,
 /// then applies `<index> <fault>` lines from stdin until it closes, and

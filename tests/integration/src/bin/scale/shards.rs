@@ -169,18 +169,7 @@ pub(crate) fn shards(args: &Args) -> Result<Value> {
     eprintln!("starting {count} simulated remotes");
     let remotes = Remotes::start(count)?;
     eprintln!("starting the home cluster, for the Leases");
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .map_err(|e| format!("tokio runtime: {e}"))?;
-    let home = runtime
-        .block_on(ControlPlane::start(RealOptions::default().name("home")))
-        .map_err(|e| format!("the home cluster: {e}"))?;
-    let lease_kubeconfig = remotes.path("home.kubeconfig");
-    home.kubeconfig()
-        .write(&lease_kubeconfig)
-        .map_err(|e| e.to_string())?;
+    let (runtime, home, lease_kubeconfig) = home_cluster(&remotes, 1)?;
     // The apiserver's own Leases (its identity, renewed every 10 s) are
     // counted first, to tell them from the replicas'.
     let quiet = Duration::from_secs(30);
