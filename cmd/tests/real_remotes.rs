@@ -401,6 +401,10 @@ async fn events_on_tethers_pod_show_its_leadership_and_each_cycles_end() {
             v == 1.0
         })
         .await;
+    // The next cycle runs, b still down, before b is back: a remote back
+    // between cycles ends none, and b's restart may be quicker than the
+    // backoff.
+    tether.until_metric("tether_cycle", "2", |v| v == 2.0).await;
     b.restart().await.expect("restart");
     tether.until_ready(true).await;
     let events = common::until_events(

@@ -728,14 +728,15 @@ pub(crate) async fn until_events(
     want: &[&str],
 ) -> Vec<(String, String, String)> {
     let every = Duration::from_millis(200);
-    until_every(
-        format!("the Pod's Events include {want:?}"),
-        DEADLINE,
-        every,
-        async || {
-            Some(pod_events(home, pod))
-                .filter(|events| want.iter().all(|w| events.iter().any(|(r, _, _)| r == w)))
-        },
-    )
-    .await
+    let found = poll(DEADLINE, every, async || {
+        Some(pod_events(home, pod))
+            .filter(|events| want.iter().all(|w| events.iter().any(|(r, _, _)| r == w)))
+    })
+    .await;
+    found.unwrap_or_else(|| {
+        panic!(
+            "never within {DEADLINE:?}: the Pod's Events include {want:?}; they are {:#?}",
+            pod_events(home, pod)
+        )
+    })
 }
