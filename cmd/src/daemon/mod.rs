@@ -33,7 +33,8 @@ use crate::config::remote::{self, ResolvedRemote};
 use crate::config::{Config, ConfigError};
 use crate::desired::{self, Planner, Statics};
 use crate::discovery::{self, Discovery};
-use crate::lease::election::{Election, ElectionHandle};
+use crate::lease::LeaseThread;
+use crate::lease::election::ElectionHandle;
 use crate::lease::shard::Sharding;
 use crate::managers;
 
@@ -42,8 +43,9 @@ pub use self::parts::Parts;
 use self::reload::{CONFIG_POLL, Noticed, Sweeps};
 pub use self::wiring::preflight;
 use self::wiring::{
-    EventsRunning, Followers, Recheck, Sharded, exec_command, gated, listen, new_admin, new_probes,
-    new_registry, new_sharding, rechecks, run_election, setup, start_election, start_events,
+    Elected, EventsRunning, Followers, Recheck, Sharded, exec_command, gated, keep_leases,
+    lease_thread, listen, new_admin, new_probes, new_registry, new_sharding, rechecks, setup,
+    start_election, start_events,
 };
 
 /// Why the daemon could not start. Nothing is left running.
@@ -101,11 +103,14 @@ pub struct Daemon {
     /// the supervisor.
     followers: Followers,
     /// The election's task, its stop, and the election, for the release.
-    elected: Option<(Arc<Election>, CancellationToken, JoinHandle<()>)>,
+    elected: Option<Elected>,
     /// The home cluster's Secrets, read for remotes, when discovery is on.
     discovery: Option<Arc<Discovery>>,
     /// The sharding, when on.
     sharded: Option<Sharded>,
+    /// The thread the election or the sharding runs on: kept until both
+    /// are done.
+    leases: Option<LeaseThread>,
     /// The folders of the remotes' files, watched.
     folders: Folders,
     /// Probes asking to have their remotes' files re-read (a TLS failure or
@@ -132,7 +137,8 @@ impl Daemon {
         let discovery = start_discovery(&config, &registry).await?;
         // With sharding, this replica runs only what it holds: nothing
         // until its first round among the members.
-        let sharding = new_sharding(&config, &registry).await?;
+        let leases = lease_thread(&config)?;
+        let sharding = new_sharding(&config, &registry, leases.as_ref()).await?;
         let shard = sharding.as_ref().map(Sharding::handle);
         let (statics, statics_rx) = tokio::sync::watch::channel(Statics {
             config: Arc::new(config.clone()),
@@ -152,7 +158,7 @@ impl Daemon {
             config.probe.detection_bound(),
         )
         .map_err(setup("manager"))?;
-        let election = start_election(&config, &registry).await?;
+        let election = start_election(&config, &registry, leases.as_ref()).await?;
         let election_handle = election.as_ref().map(|e| e.handle());
         let supervisor = Supervisor::new(manager, config.supervisor, &registry)
             .map_err(setup("supervisor"))?
@@ -191,8 +197,7 @@ impl Daemon {
             events.as_ref().map(|e| e.events.clone()),
         );
         let run = tokio::spawn(supervisor.run(root.clone()));
-        let elected = election.map(run_election);
-        let sharded = sharding.map(Sharded::run);
+        let (elected, sharded) = keep_leases(leases.as_ref(), election, sharding);
         info!(
             admin = %admin_address,
             remotes = config.remotes.len(),
@@ -220,6 +225,7 @@ impl Daemon {
             elected,
             discovery,
             sharded,
+            leases,
             events,
         };
         daemon.follow_folders();
@@ -257,10 +263,10 @@ impl Daemon {
             let _ = task.await;
         }
         // The manager has stopped: now let another replica lead at once.
-        if let Some((election, stop, task)) = self.elected {
+        if let (Some((election, stop, task)), Some(leases)) = (self.elected, &self.leases) {
             stop.cancel();
             let _ = task.await;
-            election.release().await;
+            let _ = leases.run(async move { election.release().await }).await;
         }
         // The last cycle's end and the leadership's release, on the Pod.
         if let Some(events) = self.events {

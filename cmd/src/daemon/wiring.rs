@@ -19,6 +19,7 @@ use crate::config::remote::ResolvedRemote;
 use crate::config::{Config, ConfigError};
 use crate::desired::{self, Desired, Planner, Statics};
 use crate::events::{Events, Publisher, Reason};
+use crate::lease::LeaseThread;
 use crate::lease::election::{self, Election, ElectionHandle};
 use crate::lease::shard::{ShardHandle, Sharding};
 use crate::managers::{self, exec};
@@ -124,9 +125,11 @@ pub(super) struct Sharded {
 }
 
 impl Sharded {
-    pub(super) fn run(sharding: Sharding) -> Self {
+    /// Runs `sharding` on the Leases' thread.
+    pub(super) fn run(sharding: Sharding, leases: &LeaseThread) -> Self {
         let handle = sharding.handle();
-        let (stop, task) = spawn_until(|stop| sharding.run(stop));
+        let stop = CancellationToken::new();
+        let task = leases.spawn(sharding.run(stop.clone()));
         Self { handle, stop, task }
     }
 }
@@ -358,18 +361,32 @@ pub(super) fn reload_counter(registry: &Registry) -> prometheus::Result<IntCount
 pub(super) async fn start_election(
     config: &Config,
     registry: &Registry,
+    leases: Option<&LeaseThread>,
 ) -> Result<Option<Arc<Election>>, StartError> {
-    let Some(spec) = config
-        .leader_election
-        .as_ref()
-        .filter(|_| config.sharding.is_none())
+    let (Some(spec), Some(leases), None) = (&config.leader_election, leases, &config.sharding)
     else {
         return Ok(None);
     };
-    let election = Election::new(spec.clone(), registry)
+    let (spec, registry) = (spec.clone(), registry.clone());
+    let election = leases
+        .run(async move { Election::new(spec, &registry).await })
         .await
+        .map_err(setup(LEASE_THREAD))?
         .map_err(lease_error(config, "leader election"))?;
     Ok(Some(Arc::new(election)))
+}
+
+/// What a failure of the Leases' thread is reported as.
+const LEASE_THREAD: &str = "the Leases' thread";
+
+/// The Leases' own thread, when the config has Leases to keep.
+pub(super) fn lease_thread(config: &Config) -> Result<Option<LeaseThread>, StartError> {
+    config
+        .leader_election
+        .as_ref()
+        .map(|_| LeaseThread::start())
+        .transpose()
+        .map_err(setup(LEASE_THREAD))
 }
 
 /// A Lease setup error. What the config decides (the Lease's namespace, the
@@ -463,16 +480,32 @@ where
     (stop, task)
 }
 
-/// Runs `election` until its stop token: the election, the token and the
-/// task, for the release at shutdown.
-pub(super) fn run_election(
-    election: Arc<Election>,
-) -> (Arc<Election>, CancellationToken, JoinHandle<()>) {
-    let (stop, task) = spawn_until(|stop| {
-        let election = Arc::clone(&election);
-        async move { election.run(stop).await }
+/// The running election: the election, its stop token and its task, for
+/// the release at shutdown.
+pub(super) type Elected = (Arc<Election>, CancellationToken, JoinHandle<()>);
+
+/// Runs the election or the sharding, whichever there is, on the Leases'
+/// thread until its stop token.
+pub(super) fn keep_leases(
+    leases: Option<&LeaseThread>,
+    election: Option<Arc<Election>>,
+    sharding: Option<Sharding>,
+) -> (Option<Elected>, Option<Sharded>) {
+    let Some(leases) = leases else {
+        return (None, None);
+    };
+    let elected = election.map(|election| {
+        let stop = CancellationToken::new();
+        let task = leases.spawn({
+            let (election, stop) = (Arc::clone(&election), stop.clone());
+            async move { election.run(stop).await }
+        });
+        (election, stop, task)
     });
-    (election, stop, task)
+    (
+        elected,
+        sharding.map(|sharding| Sharded::run(sharding, leases)),
+    )
 }
 
 /// The process's registry, with the process collector and the reload
@@ -492,12 +525,18 @@ pub(super) fn new_registry() -> Result<(Registry, IntCounterVec), StartError> {
 pub(super) async fn new_sharding(
     config: &Config,
     registry: &Registry,
+    leases: Option<&LeaseThread>,
 ) -> Result<Option<Sharding>, StartError> {
-    let (Some(sharding), Some(election)) = (&config.sharding, &config.leader_election) else {
+    let (Some(sharding), Some(election), Some(leases)) =
+        (&config.sharding, &config.leader_election, leases)
+    else {
         return Ok(None);
     };
-    Sharding::new(election.clone(), sharding, registry)
+    let (sharding, election, registry) = (sharding.clone(), election.clone(), registry.clone());
+    leases
+        .run(async move { Sharding::new(election, &sharding, &registry).await })
         .await
+        .map_err(setup(LEASE_THREAD))?
         .map(Some)
         .map_err(lease_error(config, "sharding"))
 }
@@ -527,5 +566,123 @@ pub(super) fn setup<E: Into<BoxError>>(what: &'static str) -> impl Fn(E) -> Star
     move |err| StartError::Setup {
         what,
         source: err.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::Barrier;
+
+    use tether_testkit::{ApiServer, Options};
+    use tokio::time::Instant;
+
+    use super::*;
+
+    const REMOTES: usize = 10;
+    const RENEW_DEADLINE: Duration = Duration::from_secs(2);
+
+    /// Every worker of the daemon's runtime busy for twice `renewDeadline`,
+    /// as a replica taking thousands of remotes at once keeps them: the
+    /// sharding, on the Leases' thread, renews meanwhile, and holds its
+    /// remotes throughout and after. On the workers, its fence lapsed as
+    /// they came free, and it let every remote go.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "blocks the workers on purpose, as a burst of handshakes does"
+    )]
+    async fn the_shard_lease_is_renewed_while_every_worker_is_busy() {
+        // The Leases' apiserver has a runtime of its own: these workers
+        // are to be blocked.
+        let peer = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let server = peer
+            .spawn(ApiServer::start(Options::default().name("leases")))
+            .await
+            .expect("spawned")
+            .expect("the Leases' apiserver");
+        let dir = tempfile::tempdir().expect("dir");
+        server
+            .kubeconfig()
+            .write(&dir.path().join("leases.kubeconfig"))
+            .expect("kubeconfig");
+        let text = format!(
+            "remotes: [{{name: a, kubeconfig: leases.kubeconfig}}]\n\
+             leaderElection: {{enabled: true, leaseNamespace: default, identity: busy, \
+             leaseDuration: 3s, renewDeadline: {}s, retryPeriod: 500ms, kubeconfig: leases.kubeconfig}}\n\
+             sharding: {{enabled: true}}\n",
+            RENEW_DEADLINE.as_secs()
+        );
+        let config = Config::parse(&text, "tether.yaml", dir.path()).expect("config");
+        let registry = Registry::new();
+        let leases = lease_thread(&config)
+            .expect("the Leases' thread")
+            .expect("Leases to keep");
+        let sharding = new_sharding(&config, &registry, Some(&leases))
+            .await
+            .expect("sharding")
+            .expect("on");
+        let handle = sharding.handle();
+        handle.set_remotes(
+            (0..REMOTES)
+                .map(|i| (format!("r{i}"), format!("https://10.0.0.{i}:6443")))
+                .collect::<BTreeMap<_, _>>(),
+        );
+        let sharded = Sharded::run(sharding, &leases);
+        // The only member: it holds every remote once it has joined.
+        let mut holding = handle.holding();
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            holding.wait_for(|h| h.len() == REMOTES),
+        )
+        .await
+        .expect("every remote held within 30s")
+        .expect("sharding runs");
+
+        let busy = RENEW_DEADLINE * 2;
+        let together = Arc::new(Barrier::new(2));
+        let workers: Vec<_> = (0..2)
+            .map(|_| {
+                let (together, holding) = (Arc::clone(&together), holding.clone());
+                tokio::spawn(async move {
+                    // Both workers at once, each blocked, watching what is
+                    // held.
+                    together.wait();
+                    let until = Instant::now() + busy;
+                    let mut fewest = REMOTES;
+                    while Instant::now() < until {
+                        fewest = fewest.min(holding.borrow().len());
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                    fewest
+                })
+            })
+            .collect();
+        for worker in workers {
+            assert_eq!(
+                worker.await.expect("worker"),
+                REMOTES,
+                "let remotes go while the workers were busy"
+            );
+        }
+        // A lapsed fence shows as soon as a worker is free: none for a
+        // renewDeadline more.
+        let dropped =
+            tokio::time::timeout(RENEW_DEADLINE, holding.wait_for(|h| h.len() != REMOTES)).await;
+        assert!(
+            dropped.is_err(),
+            "let remotes go once the workers were free: {:?}",
+            handle.state()
+        );
+
+        handle.applied(std::collections::BTreeSet::new());
+        sharded.stop.cancel();
+        sharded.task.await.expect("the sharding ends");
+        drop((leases, server));
+        peer.shutdown_background();
     }
 }

@@ -11,6 +11,76 @@ use kube::api::Api;
 
 use crate::config::LeaderElectionSpec;
 
+/// The runtime the Lease rounds run on: a thread of their own, apart from
+/// the workers that the probes, the manager and the admin server load.
+///
+/// A replica that takes thousands of remotes at once (a TLS handshake
+/// each) keeps those workers busy for seconds. A round on them waited its
+/// turn behind every handshake, missed `renewDeadline`, and the fence let
+/// every remote go: at 100,000 remotes over ten replicas the replicas went
+/// round that loop and never settled. The Leases' client is made here
+/// too, since kube's client starts its request queue's task on the
+/// runtime that makes it. The fence is unchanged: a round that cannot
+/// renew in time, on this thread, still lets go.
+#[derive(Debug)]
+pub(crate) struct LeaseThread {
+    handle: tokio::runtime::Handle,
+    /// Shut down in the background when dropped: a runtime may not be
+    /// dropped from within another's tasks.
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl LeaseThread {
+    /// Starts the thread.
+    ///
+    /// # Errors
+    ///
+    /// If the thread or the runtime's drivers cannot be made.
+    pub(crate) fn start() -> std::io::Result<Self> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("tether-leases")
+            .enable_all()
+            .build()?;
+        Ok(Self {
+            handle: runtime.handle().clone(),
+            runtime: Some(runtime),
+        })
+    }
+
+    /// Runs `work` on the Leases' thread until it is done.
+    pub(crate) fn spawn<T: Send + 'static>(
+        &self,
+        work: impl Future<Output = T> + Send + 'static,
+    ) -> tokio::task::JoinHandle<T> {
+        self.handle.spawn(work)
+    }
+
+    /// Runs `work` on the Leases' thread, and waits for it here; a panic
+    /// in it goes on here.
+    ///
+    /// # Errors
+    ///
+    /// If the thread was shut down first.
+    pub(crate) async fn run<T: Send + 'static>(
+        &self,
+        work: impl Future<Output = T> + Send + 'static,
+    ) -> Result<T, tokio::task::JoinError> {
+        match self.spawn(work).await {
+            Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
+            done => done,
+        }
+    }
+}
+
+impl Drop for LeaseThread {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
 /// Why the Leases cannot be reached.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
