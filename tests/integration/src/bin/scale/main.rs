@@ -150,6 +150,10 @@ struct Args {
     /// Where to write the JSON.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// With `--replicas`: a folder to write each replica's log in
+    /// (`shard-<i>.log`), once the run ends.
+    #[arg(long, requires = "replicas")]
+    logs: Option<PathBuf>,
     /// Internal: serve remotes `FROM..FROM+COUNT` into this folder.
     #[arg(long, hide = true, requires = "serve_count")]
     serve_dir: Option<PathBuf>,

@@ -1,6 +1,8 @@
 //! Sharding: several processes share the remotes on a real home
 //! apiserver's Leases.
 
+use std::collections::BTreeSet;
+
 use crate::*;
 
 /// What the replicas at `admins` report together: remotes reachable (each
@@ -45,11 +47,78 @@ impl Totals {
         Ok(totals)
     }
 
+    /// The remotes the replica at index `i` holds.
+    fn held_by(&self, i: usize) -> BTreeSet<String> {
+        self.owners
+            .iter()
+            .filter(|(_, owners)| owners.contains(&i))
+            .map(|(remote, _)| remote.clone())
+            .collect()
+    }
+
     /// Remotes held by no replica, and by more than one.
     fn unheld_and_doubled(&self) -> (usize, usize) {
         let unheld = self.owners.values().filter(|o| o.is_empty()).count();
         let doubled = self.owners.values().filter(|o| o.len() > 1).count();
         (unheld, doubled)
+    }
+}
+
+/// When, after a member's loss, the survivors took its remotes and first
+/// probed them reachable, from their own log lines (seconds after the
+/// kill): exact to the line, whatever the spacing of the harness's reads.
+struct Phases {
+    /// The first and the last survivor's "this replica's remotes changed"
+    /// that took remotes.
+    first_take: Option<f64>,
+    last_take: Option<f64>,
+    /// The last of the moved remotes' first "remote apiserver reachable".
+    last_reachable: Option<f64>,
+    /// How many of the moved remotes had such a line.
+    reachable: usize,
+}
+
+impl Phases {
+    fn of(survivors: &[Process], moved: &BTreeSet<String>, killed_at: f64) -> Self {
+        let mut takes = Vec::new();
+        let mut first_reachable: BTreeMap<&str, f64> = BTreeMap::new();
+        for tether in survivors {
+            for (at, fields) in tether.events("this replica's remotes changed") {
+                if at >= killed_at && fields["taken"].as_u64().unwrap_or(0) > 0 {
+                    takes.push(at - killed_at);
+                }
+            }
+            for (at, fields) in tether.events("remote apiserver reachable") {
+                if at < killed_at {
+                    continue;
+                }
+                let names = fields["remotes"].as_str().unwrap_or("");
+                for name in names.split(", ") {
+                    if let Some(name) = moved.get(name) {
+                        let first = first_reachable.entry(name).or_insert(at - killed_at);
+                        *first = first.min(at - killed_at);
+                    }
+                }
+            }
+        }
+        let max = |v: &mut dyn Iterator<Item = f64>| v.reduce(f64::max);
+        Self {
+            first_take: takes.iter().copied().reduce(f64::min),
+            last_take: max(&mut takes.iter().copied()),
+            last_reachable: max(&mut first_reachable.values().copied()),
+            reachable: first_reachable.len(),
+        }
+    }
+
+    fn text(&self, moved: usize) -> String {
+        let s = |v: Option<f64>| v.map_or_else(|| "none".to_owned(), |v| format!("{v:.1}s"));
+        format!(
+            "first take {}, last take {}, the last of {} of {moved} moved remotes first reachable {}",
+            s(self.first_take),
+            s(self.last_take),
+            self.reachable,
+            s(self.last_reachable)
+        )
     }
 }
 
@@ -280,7 +349,9 @@ pub(crate) fn shards(args: &Args) -> Result<Value> {
     let lost_admin = admins.pop().ok_or("no replica")?;
     let (_, text, _) = http_get(&lost_admin, "/metrics")?;
     let moving = metric_sum(&text, "tether_owned_remotes", "");
+    let moved = Totals::of(std::slice::from_ref(&lost_admin))?.held_by(0);
     let killed = Instant::now();
+    let killed_at = now();
     let _ = Command::new("kill")
         .args(["-KILL", &lost.pid().to_string()])
         .status();
@@ -288,6 +359,15 @@ pub(crate) fn shards(args: &Args) -> Result<Value> {
     let mut doubled_after = 0;
     until_shared(&mut tethers, &admins, count, &mut doubled_after)?;
     let settled = killed.elapsed();
+    let phases = Phases::of(&tethers, &moved, killed_at);
+    if let Some(dir) = &args.logs {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        for (i, tether) in tethers.iter().chain([&lost]).enumerate() {
+            let path = dir.join(format!("shard-{i}.log"));
+            let lines = tether.lines.lock().expect("lines").join("\n");
+            std::fs::write(&path, lines).map_err(|e| format!("{}: {e}", path.display()))?;
+        }
+    }
     drop(lost);
     rows.push((
         "a member killed: its remotes held and reachable again".to_owned(),
@@ -296,6 +376,10 @@ pub(crate) fn shards(args: &Args) -> Result<Value> {
             settled.as_secs_f64(),
             every(count)
         ),
+    ));
+    rows.push((
+        "  from the survivors' logs, after the kill".to_owned(),
+        phases.text(moved.len()),
     ));
     rows.push((
         "reads that saw a remote held by two replicas".to_owned(),
@@ -325,6 +409,10 @@ pub(crate) fn shards(args: &Args) -> Result<Value> {
             "lease_duration_seconds": duration,
             "retry_period_seconds": retry,
             "doubled_reads": doubled_after,
+            "first_take_seconds": phases.first_take,
+            "last_take_seconds": phases.last_take,
+            "last_reachable_seconds": phases.last_reachable,
+            "reachable_logged": phases.reachable,
         },
     }))
 }
