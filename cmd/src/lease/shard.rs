@@ -70,9 +70,18 @@ fn weight(member: &str, remote: &str) -> u64 {
 /// lower identity). `None` with no members.
 #[must_use]
 pub fn owner<'m>(remote: &str, members: impl IntoIterator<Item = &'m str>) -> Option<&'m str> {
+    owner_by(members, |m| weight(m, remote))
+}
+
+/// The member of `members` of highest weight, as `weigh` gives each:
+/// [`owner`]'s rule, whether the weights are hashed now or were kept.
+fn owner_by<'m>(
+    members: impl IntoIterator<Item = &'m str>,
+    weigh: impl Fn(&str) -> u64,
+) -> Option<&'m str> {
     members
         .into_iter()
-        .map(|m| (weight(m, remote), std::cmp::Reverse(m), m))
+        .map(|m| (weigh(m), std::cmp::Reverse(m), m))
         .max()
         .map(|(_, _, m)| m)
 }
@@ -103,36 +112,71 @@ pub struct Plan {
 /// empty view are joining and own nothing.
 #[must_use]
 pub fn plan<'k>(me: &str, keys: impl IntoIterator<Item = &'k str>, live: &[Member]) -> Plan {
-    let members: Vec<&str> = live
-        .iter()
-        .filter(|m| !m.view.is_empty())
-        .map(|m| m.identity.as_str())
-        .collect();
-    let others: Vec<&Member> = live.iter().filter(|m| m.identity != me).collect();
+    let rule = Rule::of(me, live);
     let mut plan = Plan::default();
     for key in keys {
-        if owner(key, members.iter().copied()) != Some(me) {
-            continue;
-        }
-        let claimed = others
-            .iter()
-            .any(|m| owner(key, m.view.iter().map(String::as_str)) == Some(m.identity.as_str()));
-        if claimed {
-            plan.waiting.insert(key.to_owned());
-        } else {
-            plan.hold.insert(key.to_owned());
-        }
+        match rule.place(|m| weight(m, key)) {
+            Some(Place::Hold) => plan.hold.insert(key.to_owned()),
+            Some(Place::Wait) => plan.waiting.insert(key.to_owned()),
+            None => false,
+        };
     }
     plan
 }
 
-/// A round's ownership, computed again only when its inputs change: it
-/// costs a SHA-256 for each remote and member (a million a round for
-/// 100,000 remotes and ten replicas), and most rounds change nothing.
+/// Where [`plan`] puts a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    Hold,
+    Wait,
+}
+
+/// [`plan`]'s rule for one replica and the live members, for any key.
+struct Rule<'l> {
+    me: &'l str,
+    /// The full members: those with a view.
+    members: Vec<&'l str>,
+    /// The others, with their views.
+    others: Vec<&'l Member>,
+}
+
+impl<'l> Rule<'l> {
+    fn of(me: &'l str, live: &'l [Member]) -> Self {
+        Self {
+            me,
+            members: live
+                .iter()
+                .filter(|m| !m.view.is_empty())
+                .map(|m| m.identity.as_str())
+                .collect(),
+            others: live.iter().filter(|m| m.identity != me).collect(),
+        }
+    }
+
+    /// Where the key that `weigh` gives each member's weight for goes:
+    /// held, waited for (another live member still owns it under its
+    /// published view), or neither (another member owns it).
+    fn place(&self, weigh: impl Fn(&str) -> u64) -> Option<Place> {
+        if owner_by(self.members.iter().copied(), &weigh) != Some(self.me) {
+            return None;
+        }
+        let claimed = self.others.iter().any(|m| {
+            owner_by(m.view.iter().map(String::as_str), &weigh) == Some(m.identity.as_str())
+        });
+        Some(if claimed { Place::Wait } else { Place::Hold })
+    }
+}
+
+/// A round's ownership, computed again only when its inputs change; and
+/// each member's weight for each remote, kept while the remotes stay the
+/// same, so that a computation compares numbers where it hashed every
+/// remote with every member (about two million SHA-256, 0.19 s of the
+/// Leases' thread, at 100,000 remotes and ten members).
 #[derive(Debug, Default)]
 struct Memo {
     mine: Option<Mine>,
     plan: Option<Planned>,
+    weights: Weights,
 }
 
 /// What [`Memo::mine`] computed, and from what.
@@ -152,6 +196,60 @@ struct Planned {
     waiting: BTreeSet<String>,
 }
 
+/// Members' weights for the keys of one set of remotes.
+#[derive(Debug, Default)]
+struct Weights {
+    /// The remotes they are for.
+    keys: Arc<Keys>,
+    /// By identity: its weight for each remote's key, in `keys`' order.
+    /// Made only for the live members and this replica (an identity that
+    /// only a view names is hashed as it is asked), and kept while a live
+    /// member or a view names it.
+    rows: BTreeMap<String, Vec<u64>>,
+    /// How many rows were made: each is a SHA-256 for every remote.
+    made: u64,
+}
+
+impl Weights {
+    /// Ready for `keys`, with a row for each of `members`.
+    fn ready<'m>(&mut self, keys: &Arc<Keys>, members: impl IntoIterator<Item = &'m str>) {
+        if !Arc::ptr_eq(&self.keys, keys) {
+            self.keys = Arc::clone(keys);
+            self.rows.clear();
+        }
+        for member in members {
+            if !self.rows.contains_key(member) {
+                let row = keys.values().map(|key| weight(member, key)).collect();
+                self.rows.insert(member.to_owned(), row);
+                self.made += 1;
+            }
+        }
+    }
+
+    /// Drops the rows of identities that `named` leaves out.
+    fn keep_only(&mut self, named: &BTreeSet<&str>) {
+        self.rows
+            .retain(|member, _| named.contains(member.as_str()));
+    }
+
+    /// `member`'s weight for the `i`th remote, keyed `key`.
+    fn of(&self, member: &str, i: usize, key: &str) -> u64 {
+        self.rows
+            .get(member)
+            .map_or_else(|| weight(member, key), |row| row[i])
+    }
+
+    /// The names of the remotes `chosen` marks, in `keys`' order.
+    fn names(&self, chosen: &[bool]) -> BTreeSet<String> {
+        self.keys
+            .keys()
+            .zip(chosen)
+            .filter(|(_, chosen)| **chosen)
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+}
+
 impl Memo {
     /// The names of the remotes in `keys` that `me` owns among `members`.
     fn mine(
@@ -165,15 +263,21 @@ impl Memo {
             .as_ref()
             .is_some_and(|m| Arc::ptr_eq(&m.keys, keys) && m.members == *members);
         if !fresh {
-            let names = keys
-                .iter()
-                .filter(|(_, key)| owner(key, members.iter().map(String::as_str)) == Some(me))
-                .map(|(name, _)| name.clone())
+            let weights = &mut self.weights;
+            weights.ready(keys, members.iter().map(String::as_str));
+            let owned: Vec<bool> = keys
+                .values()
+                .enumerate()
+                .map(|(i, key)| {
+                    owner_by(members.iter().map(String::as_str), |m| {
+                        weights.of(m, i, key)
+                    }) == Some(me)
+                })
                 .collect();
             self.mine = Some(Mine {
                 keys: Arc::clone(keys),
                 members: members.clone(),
-                names,
+                names: weights.names(&owned),
             });
         }
         &self.mine.as_ref().expect("set above").names
@@ -193,19 +297,29 @@ impl Memo {
             .as_ref()
             .is_some_and(|p| Arc::ptr_eq(&p.keys, keys) && p.live == live);
         if !fresh {
-            let key_list: BTreeSet<&str> = keys.values().map(String::as_str).collect();
-            let plan = plan(me, key_list.iter().copied(), &live);
-            let by_key = |names: &BTreeSet<String>| -> BTreeSet<String> {
-                keys.iter()
-                    .filter(|(_, key)| names.contains(*key))
-                    .map(|(name, _)| name.clone())
-                    .collect()
-            };
+            let weights = &mut self.weights;
+            weights.ready(keys, live.iter().map(|m| m.identity.as_str()));
+            let named: BTreeSet<&str> = live
+                .iter()
+                .flat_map(|m| m.view.iter().chain([&m.identity]))
+                .map(String::as_str)
+                .collect();
+            weights.keep_only(&named);
+            let rule = Rule::of(me, &live);
+            let (mut hold, mut waiting) = (vec![false; keys.len()], vec![false; keys.len()]);
+            for (i, key) in keys.values().enumerate() {
+                match rule.place(|m| weights.of(m, i, key)) {
+                    Some(Place::Hold) => hold[i] = true,
+                    Some(Place::Wait) => waiting[i] = true,
+                    None => {}
+                }
+            }
+            let (hold, waiting) = (weights.names(&hold), weights.names(&waiting));
             self.plan = Some(Planned {
                 keys: Arc::clone(keys),
                 live,
-                hold: by_key(&plan.hold),
-                waiting: by_key(&plan.waiting),
+                hold,
+                waiting,
             });
         }
         let planned = self.plan.as_ref().expect("set above");
@@ -1031,15 +1145,23 @@ mod tests {
         // b has not yet published a view with a in it: what a owns, it
         // waits for.
         let moving = [member("a", &["a", "b"]), member("b", &["b"])];
-        // Each step changes one input, then repeats it, as rounds do.
-        for (keys, members, live) in [
-            (&some, &two, &settled),
-            (&some, &two, &settled),
-            (&some, &three, &settled),
-            (&more, &three, &settled),
-            (&more, &three, &moving),
-            (&more, &three, &moving),
-            (&some, &two, &settled),
+        // d is gone, and b's view still names it: its weights are kept
+        // while named, or hashed as asked; b's own are made.
+        let lost = [member("a", &["a", "b"]), member("b", &["a", "b", "d"])];
+        // Each step changes one input, then repeats it, as rounds do; with
+        // the identities whose weights are kept after it: made for the
+        // members and the live, kept while a live member or a view names
+        // them (c's go at the plan that no longer names it), none for d.
+        for (keys, members, live, rows) in [
+            (&some, &two, &settled, &["a", "b"][..]),
+            (&some, &two, &settled, &["a", "b"]),
+            (&some, &three, &settled, &["a", "b", "c"]),
+            (&more, &three, &settled, &["a", "b"]),
+            (&more, &three, &moving, &["a", "b"]),
+            (&more, &three, &moving, &["a", "b"]),
+            (&more, &two, &lost, &["a", "b"]),
+            (&some, &two, &lost, &["a", "b"]),
+            (&some, &two, &settled, &["a", "b"]),
         ] {
             let fresh: BTreeSet<String> = keys
                 .iter()
@@ -1052,6 +1174,8 @@ mod tests {
             assert_eq!(*hold, by_name(keys, &want.hold));
             assert_eq!(*waiting, by_name(keys, &want.waiting));
             assert!(!(hold.is_empty() && waiting.is_empty()), "a owns nothing");
+            let kept: Vec<&str> = memo.weights.rows.keys().map(String::as_str).collect();
+            assert_eq!(kept, rows);
         }
         // The same live members, listed in another order, are the same
         // inputs: the memo keeps what it had (a new computation would keep
@@ -1060,6 +1184,44 @@ mod tests {
         let before = kept(&memo);
         let _ = memo.plan("a", &some, settled.iter().rev().cloned().collect());
         assert_eq!(kept(&memo), before);
+    }
+
+    #[test]
+    fn a_members_loss_and_the_views_after_it_hash_nothing_again() {
+        let keys: Arc<Keys> = Arc::new(
+            keys(1000)
+                .into_iter()
+                .enumerate()
+                .map(|(i, key)| (format!("r{i}"), key))
+                .collect(),
+        );
+        let ids = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"];
+        let set =
+            |ids: &[&str]| -> BTreeSet<String> { ids.iter().map(|i| (*i).to_owned()).collect() };
+        let live = |ids: &[&str], views: &[&[&str]]| -> Vec<Member> {
+            ids.iter().zip(views).map(|(i, v)| member(i, v)).collect()
+        };
+        let mut memo = Memo::default();
+        let all: Vec<&[&str]> = vec![&ids; 10];
+        let _ = memo.mine("a", &keys, &set(&ids));
+        let _ = memo.plan("a", &keys, live(&ids, &all));
+        assert_eq!(memo.weights.made, 10, "one row a member");
+        // j is lost: the nine publish views without it, one round apart.
+        let nine = &ids[..9];
+        let _ = memo.mine("a", &keys, &set(nine));
+        for moved in 1..=9 {
+            let views: Vec<&[&str]> = (0..9)
+                .map(|m| if m < moved { nine } else { &ids[..] })
+                .collect();
+            let (hold, _) = memo.plan("a", &keys, live(nine, &views));
+            assert!(!hold.is_empty());
+        }
+        assert_eq!(memo.weights.made, 10, "a loss hashed again");
+        // k joins: its row alone is made.
+        let mut joined = nine.to_vec();
+        joined.push("k");
+        let _ = memo.mine("a", &keys, &set(&joined));
+        assert_eq!(memo.weights.made, 11);
     }
 
     /// One step of a member in the model below.
