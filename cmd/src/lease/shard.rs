@@ -196,15 +196,21 @@ struct Planned {
     waiting: BTreeSet<String>,
 }
 
+/// The most identities [`Weights`] keeps a row for: 256 bytes a remote at
+/// most, whatever the size of the group; the weights of the members past
+/// it are hashed as they are asked.
+const MAX_ROWS: usize = 32;
+
 /// Members' weights for the keys of one set of remotes.
 #[derive(Debug, Default)]
 struct Weights {
     /// The remotes they are for.
     keys: Arc<Keys>,
     /// By identity: its weight for each remote's key, in `keys`' order.
-    /// Made only for the live members and this replica (an identity that
-    /// only a view names is hashed as it is asked), and kept while a live
-    /// member or a view names it.
+    /// Made only for the live members and this replica, at most
+    /// [`MAX_ROWS`] (an identity that only a view names, or past the
+    /// bound, is hashed as it is asked), and kept while a live member or a
+    /// view names it.
     rows: BTreeMap<String, Vec<u64>>,
     /// How many rows were made: each is a SHA-256 for every remote.
     made: u64,
@@ -218,7 +224,7 @@ impl Weights {
             self.rows.clear();
         }
         for member in members {
-            if !self.rows.contains_key(member) {
+            if !self.rows.contains_key(member) && self.rows.len() < MAX_ROWS {
                 let row = keys.values().map(|key| weight(member, key)).collect();
                 self.rows.insert(member.to_owned(), row);
                 self.made += 1;
@@ -1222,6 +1228,38 @@ mod tests {
         joined.push("k");
         let _ = memo.mine("a", &keys, &set(&joined));
         assert_eq!(memo.weights.made, 11);
+    }
+
+    #[test]
+    fn a_group_past_the_bound_keeps_that_many_rows_and_the_same_result() {
+        let keys: Arc<Keys> = Arc::new(
+            keys(300)
+                .into_iter()
+                .enumerate()
+                .map(|(i, key)| (format!("r{i}"), key))
+                .collect(),
+        );
+        let ids: Vec<String> = (0..MAX_ROWS + 8).map(|i| format!("m{i:02}")).collect();
+        let members: BTreeSet<String> = ids.iter().cloned().collect();
+        let view: Vec<&str> = ids.iter().map(String::as_str).collect();
+        let live: Vec<Member> = ids.iter().map(|i| member(i, &view)).collect();
+        let me = ids.last().expect("members");
+        let mut memo = Memo::default();
+        let mine = memo.mine(me, &keys, &members).clone();
+        let hold = memo.plan(me, &keys, live.clone()).0.clone();
+        assert_eq!(memo.weights.rows.len(), MAX_ROWS);
+        let want = plan(me, keys.values().map(String::as_str), &live);
+        let named: BTreeSet<String> = keys
+            .iter()
+            .filter(|(_, key)| want.hold.contains(*key))
+            .map(|(name, _)| name.clone())
+            .collect();
+        assert_eq!(hold, named);
+        assert_eq!(
+            mine, named,
+            "with every view current, a member holds what it owns"
+        );
+        assert!(!named.is_empty());
     }
 
     /// One step of a member in the model below.
