@@ -115,11 +115,12 @@ pub fn plan<'k>(me: &str, keys: impl IntoIterator<Item = &'k str>, live: &[Membe
     let rule = Rule::of(me, live);
     let mut plan = Plan::default();
     for key in keys {
-        match rule.place(|m| weight(m, key)) {
-            Some(Place::Hold) => plan.hold.insert(key.to_owned()),
-            Some(Place::Wait) => plan.waiting.insert(key.to_owned()),
-            None => false,
+        let into = match rule.place(|m| weight(m, key)) {
+            Some(Place::Hold) => &mut plan.hold,
+            Some(Place::Wait) => &mut plan.waiting,
+            None => continue,
         };
+        into.insert(key.to_owned());
     }
     plan
 }
