@@ -1010,6 +1010,25 @@ mod tests {
             .collect()
     }
 
+    /// `n` remotes named `r<i>`, with their keys.
+    fn named(n: usize) -> Arc<Keys> {
+        Arc::new(
+            keys(n)
+                .into_iter()
+                .enumerate()
+                .map(|(i, key)| (format!("r{i}"), key))
+                .collect(),
+        )
+    }
+
+    /// The names of the remotes in `keys` whose key is one of `of`.
+    fn by_name(keys: &Keys, of: &BTreeSet<String>) -> BTreeSet<String> {
+        keys.iter()
+            .filter(|(_, key)| of.contains(*key))
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
     fn member(identity: &str, view: &[&str]) -> Member {
         Member {
             identity: identity.to_owned(),
@@ -1129,21 +1148,6 @@ mod tests {
 
     #[test]
     fn the_memo_gives_what_a_fresh_computation_gives_as_its_inputs_change() {
-        let named = |n: usize| -> Arc<Keys> {
-            Arc::new(
-                keys(n)
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, key)| (format!("r{i}"), key))
-                    .collect(),
-            )
-        };
-        let by_name = |keys: &Keys, of: &BTreeSet<String>| -> BTreeSet<String> {
-            keys.iter()
-                .filter(|(_, key)| of.contains(*key))
-                .map(|(name, _)| name.clone())
-                .collect()
-        };
         let mut memo = Memo::default();
         let (some, more) = (named(300), named(400));
         let two: BTreeSet<String> = ["a".to_owned(), "b".to_owned()].into();
@@ -1195,13 +1199,7 @@ mod tests {
 
     #[test]
     fn a_members_loss_and_the_views_after_it_hash_nothing_again() {
-        let keys: Arc<Keys> = Arc::new(
-            keys(1000)
-                .into_iter()
-                .enumerate()
-                .map(|(i, key)| (format!("r{i}"), key))
-                .collect(),
-        );
+        let keys = named(1000);
         let ids = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"];
         let set =
             |ids: &[&str]| -> BTreeSet<String> { ids.iter().map(|i| (*i).to_owned()).collect() };
@@ -1233,13 +1231,7 @@ mod tests {
 
     #[test]
     fn a_group_past_the_bound_keeps_that_many_rows_and_the_same_result() {
-        let keys: Arc<Keys> = Arc::new(
-            keys(300)
-                .into_iter()
-                .enumerate()
-                .map(|(i, key)| (format!("r{i}"), key))
-                .collect(),
-        );
+        let keys = named(300);
         let ids: Vec<String> = (0..MAX_ROWS + 8).map(|i| format!("m{i:02}")).collect();
         let members: BTreeSet<String> = ids.iter().cloned().collect();
         let view: Vec<&str> = ids.iter().map(String::as_str).collect();
@@ -1250,17 +1242,13 @@ mod tests {
         let hold = memo.plan(me, &keys, live.clone()).0.clone();
         assert_eq!(memo.weights.rows.len(), MAX_ROWS);
         let want = plan(me, keys.values().map(String::as_str), &live);
-        let named: BTreeSet<String> = keys
-            .iter()
-            .filter(|(_, key)| want.hold.contains(*key))
-            .map(|(name, _)| name.clone())
-            .collect();
-        assert_eq!(hold, named);
+        let fresh = by_name(&keys, &want.hold);
+        assert_eq!(hold, fresh);
         assert_eq!(
-            mine, named,
+            mine, fresh,
             "with every view current, a member holds what it owns"
         );
-        assert!(!named.is_empty());
+        assert!(!fresh.is_empty());
     }
 
     /// One step of a member in the model below.
