@@ -12,7 +12,23 @@ pub(crate) fn probes_finished(admin: &str) -> Result<f64> {
     ))
 }
 
-/// Runs `callgrind_control FLAG PID`: `-z` zeroes the counts, `-d` dumps.
+/// The command line that runs tether under callgrind, with `options`;
+/// its dumps go beside the remotes.
+pub(crate) fn callgrind_wrap(remotes: &Remotes, options: &[&str]) -> Vec<String> {
+    let mut wrap = vec![
+        "valgrind".to_owned(),
+        "--tool=callgrind".to_owned(),
+        format!(
+            "--callgrind-out-file={}",
+            remotes.path("callgrind.out").display()
+        ),
+    ];
+    wrap.extend(options.iter().map(|o| (*o).to_owned()));
+    wrap
+}
+
+/// Runs `callgrind_control FLAG PID`: `-z` zeroes the counts, `-d` dumps,
+/// `--instr=on` starts instrumenting.
 pub(crate) fn callgrind_control(tether: &Process, flag: &str) -> Result<()> {
     let tool = which("callgrind_control", "apt-get install valgrind")?;
     let status = Command::new(tool)
@@ -48,6 +64,39 @@ pub(crate) fn callgrind_instructions(remotes: &Remotes, keep: &Path) -> Result<u
         })
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .ok_or_else(|| "the callgrind dump has no summary".to_owned())
+}
+
+/// The calls to `function` in the callgrind dump at `dump`, from its call
+/// lines: `cfn=(id) name` names the callee (only its first mention has the
+/// name), and the `calls=N ...` line after it counts them.
+pub(crate) fn callgrind_calls(dump: &Path, function: &str) -> Result<u64> {
+    let text = std::fs::read_to_string(dump).map_err(|e| format!("{}: {e}", dump.display()))?;
+    let mut named = BTreeMap::new();
+    let (mut callee, mut calls) = (None, 0);
+    for line in text.lines() {
+        if let Some(rest) = line
+            .strip_prefix("fn=")
+            .or_else(|| line.strip_prefix("cfn="))
+        {
+            let (id, name) = rest.split_once(' ').unwrap_or((rest, ""));
+            if !name.is_empty() {
+                named.insert(id.to_owned(), name.to_owned());
+            }
+            callee = line
+                .starts_with("cfn=")
+                .then(|| named.get(id).cloned())
+                .flatten();
+        } else if let Some(count) = line.strip_prefix("calls=")
+            && callee.as_deref() == Some(function)
+        {
+            calls += count
+                .split_whitespace()
+                .next()
+                .and_then(|n| n.parse::<u64>().ok())
+                .ok_or_else(|| format!("{}: a bad calls line: {line}", dump.display()))?;
+        }
+    }
+    Ok(calls)
 }
 
 /// Each remote's last probe (unix seconds), and how many are reachable,

@@ -102,15 +102,15 @@ fn metric(admin: &str, series: &str) -> Result<f64> {
 
 /// Creates the Secrets of `wanted` one at a time (each for an apiserver of
 /// its own); for each, the milliseconds from its creation to its remote's
-/// first probe, as tether logs it, and, when its manager watches (tether's
-/// admin server at `watching`), to its cache synced.
+/// first probe, as tether logs it (within `patience`), and, when its
+/// manager watches (tether's admin server at `watching`), to its cache
+/// synced.
 fn first_probes(
     tether: &mut Process,
-    runtime: &tokio::runtime::Runtime,
-    secrets: &Api<Secret>,
+    (runtime, secrets): (&tokio::runtime::Runtime, &Api<Secret>),
     remotes: &Remotes,
     wanted: Vec<(usize, usize)>,
-    watching: Option<&str>,
+    (watching, patience): (Option<&str>, Duration),
 ) -> Result<(Vec<f64>, Option<Vec<f64>>)> {
     let mut took = Vec::with_capacity(wanted.len());
     let mut synced = watching.map(|_| Vec::with_capacity(wanted.len()));
@@ -121,9 +121,10 @@ fn first_probes(
             .block_on(secrets.create(&PostParams::default(), &secret))
             .map_err(|e| format!("Secret {i}: {e}"))?;
         let remote = name(i);
-        let (probed, _) = tether.wait_event("remote apiserver reachable", |when, f| {
-            when >= at && names(f, &remote)
-        })?;
+        let (probed, _) =
+            tether.wait_event_within("remote apiserver reachable", patience, |when, f| {
+                when >= at && names(f, &remote)
+            })?;
         took.push((probed - at) * 1000.0);
         if let (Some(admin), Some(synced)) = (watching, synced.as_mut()) {
             let series =
@@ -140,6 +141,90 @@ fn first_probes(
         }
     }
     Ok((took, synced))
+}
+
+/// The LISTs the first `servers` remotes served since they had served
+/// `before`: the fleet's other remotes, while the Secrets came.
+fn lists_since(remotes: &mut Remotes, before: &[u64], servers: usize) -> Result<u64> {
+    Ok(before
+        .iter()
+        .zip(&remotes.lists(NAMESPACES)?)
+        .take(servers)
+        .map(|(before, after)| after - before)
+        .sum())
+}
+
+/// tether's wrapper: under callgrind (`--callgrind`), uninstrumented until
+/// the trials, as a start at 10,000 remotes is minutes of TLS handshakes
+/// at callgrind's pace.
+fn wrap(args: &Args, remotes: &Remotes) -> Vec<String> {
+    if args.callgrind {
+        callgrind_wrap(remotes, &["--instr-atstart=no"])
+    } else {
+        Vec::new()
+    }
+}
+
+/// Under callgrind, starts counting from now (when).
+fn counting(args: &Args, tether: &Process) -> Result<Option<Instant>> {
+    if !args.callgrind {
+        return Ok(None);
+    }
+    callgrind_control(tether, "--instr=on")?;
+    callgrind_control(tether, "-z")?;
+    Ok(Some(Instant::now()))
+}
+
+/// What records one probe's result, called once a probe.
+const A_PROBE: &str = "tether_probes::set::run::record";
+
+/// A discovery change's instructions: callgrind's count over the trials'
+/// window (from `start`), less its probes' part, over the trials. The
+/// probes' part is what a probe cost in a quiet window right after (as
+/// long, and at least one and a half probe intervals, as the probes tick
+/// together on a grid), times the probes the trials' window ran (both counted by
+/// callgrind, as the calls of [`A_PROBE`]): callgrind runs one thread at a
+/// time, so the probes that wait out a change's work in the one window run
+/// in the other, and neither window reads `/metrics` (at 10,000 remotes a
+/// read costs more than the changes). What is left is the changes': each
+/// Secret's event, the merge, the planner's value and what follows it, and
+/// its remote's first probe (a TLS handshake).
+fn per_change(tether: &Process, remotes: &Remotes, start: Instant, args: &Args) -> Result<Value> {
+    let (interval, trials) = (args.interval, args.discovery_trials);
+    let dir = target_dir().join("scale");
+    let (trials_dump, quiet_dump) = (
+        dir.join("callgrind-trials.out"),
+        dir.join("callgrind-quiet.out"),
+    );
+    callgrind_control(tether, "-d")?;
+    let length = start.elapsed();
+    let changes = callgrind_instructions(remotes, &trials_dump)?;
+    callgrind_control(tether, "-z")?;
+    let quiet_for = length.max(interval * 3 / 2);
+    std::thread::sleep(quiet_for);
+    callgrind_control(tether, "-d")?;
+    let quiet = callgrind_instructions(remotes, &quiet_dump)?;
+    let (probes_trials, probes_quiet) = (
+        callgrind_calls(&trials_dump, A_PROBE)?,
+        callgrind_calls(&quiet_dump, A_PROBE)?,
+    );
+    if probes_quiet == 0 {
+        return Err(format!(
+            "the quiet window ({quiet_for:.1?}) ran no probe to count a probe's instructions by"
+        ));
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let each = (changes as f64 - probes_trials as f64 * quiet as f64 / probes_quiet as f64)
+        / trials as f64;
+    Ok(json!({
+        "window_seconds": length.as_secs_f64(),
+        "quiet_window_seconds": quiet_for.as_secs_f64(),
+        "trials_window": changes,
+        "quiet_window": quiet,
+        "probes_trials_window": probes_trials,
+        "probes_quiet_window": probes_quiet,
+        "a_change": each,
+    }))
 }
 
 /// The head of tether's config: its admin address, probes, watch list
@@ -202,7 +287,7 @@ pub(crate) fn discovery(args: &Args, count: usize) -> Result<Value> {
     let (head, watches) = head(args, &admin, &home_kubeconfig)?;
     let config = tether_config_as(&remotes, statics, "tether.yaml", &head)?;
     let started_at = now();
-    let mut tether = start_tether(&config)?;
+    let mut tether = start_tether_under(&config, &wrap(args, &remotes))?;
     // Every static and discovered remote, and the home cluster.
     let warmup = until_all_reachable(&mut tether, &admin, statics + count + 1)?;
     let (listed_at, _) = tether.wait_event("tether started", |_, f| {
@@ -218,22 +303,23 @@ pub(crate) fn discovery(args: &Args, count: usize) -> Result<Value> {
         .collect();
     let lists_before = remotes.lists(NAMESPACES)?;
     let cycle_before = metric(&admin, "tether_cycle")?;
+    let window = counting(args, &tether)?;
     let (took, synced) = first_probes(
         &mut tether,
-        &runtime,
-        &secrets,
+        (&runtime, &secrets),
         &remotes,
         trials,
-        watches.then_some(admin.as_str()),
+        // Under callgrind, one change at 10,000 took a minute.
+        (
+            watches.then_some(admin.as_str()),
+            Duration::from_secs(if args.callgrind { 600 } else { 30 }),
+        ),
     )?;
-    // The LISTs the fleet's other remotes served while the Secrets came.
-    let relists: u64 = lists_before
-        .iter()
-        .zip(&remotes.lists(NAMESPACES)?)
-        .take(servers)
-        .map(|(before, after)| after - before)
-        .sum();
+    let relists = lists_since(&mut remotes, &lists_before, servers)?;
     let cycles = metric(&admin, "tether_cycle")? - cycle_before;
+    let instructions = window
+        .map(|start| per_change(&tether, &remotes, start, args))
+        .transpose()?;
     let (peak_after, rss_after) = (tether.kib("VmHWM"), tether.kib("VmRSS"));
     let max = took.iter().copied().fold(0.0, f64::max);
     let med = median(&mut took.clone());
@@ -261,11 +347,26 @@ pub(crate) fn discovery(args: &Args, count: usize) -> Result<Value> {
         })),
         "lists_on_the_other_remotes_during_trials": relists,
         "cycles_during_trials": cycles,
+        "instructions": instructions,
         "metrics_scrape_ms_median": scrape_median,
         "metrics_bytes": size,
     });
     print_table(&table(&report));
     Ok(report)
+}
+
+/// The instructions a change, as the table prints them.
+fn instructions(i: &serde_json::Map<String, Value>) -> String {
+    format!(
+        "{:.0} ({} over {:.1}s, {} probes; a quiet window: {} over {:.1}s, {} probes)",
+        i["a_change"].as_f64().unwrap_or_default(),
+        i["trials_window"],
+        i["window_seconds"].as_f64().unwrap_or_default(),
+        i["probes_trials_window"],
+        i["quiet_window"],
+        i["quiet_window_seconds"].as_f64().unwrap_or_default(),
+        i["probes_quiet_window"]
+    )
 }
 
 /// The report as the table prints it.
@@ -350,6 +451,12 @@ fn table(r: &Value) -> Vec<(String, String)> {
                 "{} LISTs, {} cycles",
                 r["lists_on_the_other_remotes_during_trials"], r["cycles_during_trials"]
             ),
+        ),
+        (
+            "instructions a change (the trials' window less its probes)".to_owned(),
+            r["instructions"]
+                .as_object()
+                .map_or_else(|| "not counted (no --callgrind)".to_owned(), instructions),
         ),
         (
             "/metrics scrape (median of 5)".to_owned(),

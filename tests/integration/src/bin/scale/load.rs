@@ -51,14 +51,7 @@ pub(crate) fn scale(args: &Args) -> Result<Value> {
     };
     let config = config_with(configured)?;
     let wrap: Vec<String> = if args.callgrind {
-        vec![
-            "valgrind".to_owned(),
-            "--tool=callgrind".to_owned(),
-            format!(
-                "--callgrind-out-file={}",
-                remotes.path("callgrind.out").display()
-            ),
-        ]
+        callgrind_wrap(&remotes, &[])
     } else {
         args.wrap
             .as_deref()

@@ -108,7 +108,8 @@ struct Args {
     #[arg(long, default_value_t = 0)]
     reload_add: usize,
     /// Run tether under callgrind, and count the instructions it runs while
-    /// measuring (its wall-clock figures are then valgrind's).
+    /// measuring (its wall-clock figures are then valgrind's); with
+    /// `--discovery`, those of a change: the trials' window less a quiet one.
     #[arg(long)]
     callgrind: bool,
     /// With `--callgrind`: fail (exit 1, after the report) if a probe cost

@@ -140,18 +140,23 @@ impl Process {
         message: &str,
         matches: impl Fn(f64, &Value) -> bool,
     ) -> Result<(f64, Value)> {
-        poll(
-            message,
-            Duration::from_secs(30),
-            Duration::from_millis(20),
-            || {
-                self.alive()?;
-                Ok(self
-                    .events(message)
-                    .into_iter()
-                    .find(|(at, fields)| matches(*at, fields)))
-            },
-        )
+        self.wait_event_within(message, Duration::from_secs(30), matches)
+    }
+
+    /// As [`Process::wait_event`], for at most `within`.
+    pub(crate) fn wait_event_within(
+        &mut self,
+        message: &str,
+        within: Duration,
+        matches: impl Fn(f64, &Value) -> bool,
+    ) -> Result<(f64, Value)> {
+        poll(message, within, Duration::from_millis(20), || {
+            self.alive()?;
+            Ok(self
+                .events(message)
+                .into_iter()
+                .find(|(at, fields)| matches(*at, fields)))
+        })
         .map_err(|err| format!("{err}; tether's last lines:\n{}", self.tail(15)))
     }
 
