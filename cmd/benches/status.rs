@@ -35,18 +35,19 @@ async fn main() {
     let probes = ProbeSet::new(probe.clone(), &registry).expect("probes");
     // Port 1 on loopback: refused at once. Half the remotes optional.
     let remotes: Vec<ResolvedRemote> = (0..REMOTES)
-        .map(|i| ResolvedRemote {
-            name: format!("remote-{i:05}"),
-            required: i % 2 == 0,
-            source: tether::config::RemoteSource::Inferred,
-            config: kube::Config::new(
+        .map(|i| {
+            let config = kube::Config::new(
                 format!("http://127.0.0.{}:1", 1 + i % 250)
                     .parse()
                     .expect("a URL"),
+            );
+            ResolvedRemote::new(
+                format!("remote-{i:05}"),
+                i % 2 == 0,
+                tether::config::RemoteSource::Inferred,
+                config.into(),
             )
-            .into(),
-            files: Vec::new(),
-            generation: 0,
+            .expect("a server to probe")
         })
         .collect();
     probes.sync(&remote::probed(&remotes)).expect("sync");

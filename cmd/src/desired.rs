@@ -386,7 +386,7 @@ impl Planner {
 
 /// The remotes discovery gives beside `statics`' (whose names win).
 fn discovered(discovery: Option<&Discovery>, statics: &Statics) -> Vec<ResolvedRemote> {
-    discovery.map_or_else(Vec::new, |d| d.remotes(&remote::names(&statics.remotes)))
+    discovery.map_or_else(Vec::new, |d| d.remotes(&statics.remotes))
 }
 
 /// Applies each value `desired` publishes with `apply`, until `stop`;
@@ -438,16 +438,9 @@ mod tests {
     }
 
     fn remote(name: &str, host: &str) -> ResolvedRemote {
-        ResolvedRemote {
-            name: name.to_owned(),
-            required: true,
-            source: RemoteSource::Inferred,
-            config: Arc::new(kube::Config::new(
-                format!("https://{host}:6443").parse().expect("a URL"),
-            )),
-            files: Vec::new(),
-            generation: remote::next_generation(),
-        }
+        let config = kube::Config::new(format!("https://{host}:6443").parse().expect("a URL"));
+        ResolvedRemote::new(name, true, RemoteSource::Inferred, Arc::new(config))
+            .expect("a server to probe")
     }
 
     fn inputs(statics: Vec<ResolvedRemote>, share: Option<&[&str]>) -> Inputs {

@@ -19,6 +19,10 @@ pub struct Remote {
     /// How to reach it, credentials included; shared with whatever else
     /// connects to it (the manager), not copied per user.
     pub config: Arc<kube::Config>,
+    /// `config`'s identity, when whoever read `config` worked it out
+    /// ([`Remote::with_identity`]): a set that is synced again and again
+    /// then does not work it out for each remote each time.
+    identity: Option<Arc<Identity>>,
 }
 
 impl fmt::Debug for Remote {
@@ -38,6 +42,43 @@ impl Remote {
         Self {
             name: name.into(),
             config: config.into(),
+            identity: None,
+        }
+    }
+
+    /// A remote named `name`, reached through `config`, whose identity is
+    /// `identity` ([`Identity::of`] `config`, worked out when it was read).
+    #[must_use]
+    pub fn with_identity(
+        name: impl Into<String>,
+        config: Arc<kube::Config>,
+        identity: Arc<Identity>,
+    ) -> Self {
+        debug_assert!(
+            Identity::of(&config).is_ok_and(|i| i == *identity),
+            "the identity given is not the config's"
+        );
+        Self {
+            name: name.into(),
+            config,
+            identity: Some(identity),
+        }
+    }
+
+    /// Its identity: the one it was made with, or worked out now.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Remote`], if its server URL cannot be normalized.
+    pub fn identity(&self) -> Result<Arc<Identity>> {
+        match &self.identity {
+            Some(identity) => Ok(Arc::clone(identity)),
+            None => Identity::of(&self.config)
+                .map(Arc::new)
+                .map_err(|source| Error::Remote {
+                    name: self.name.clone(),
+                    source: Box::new(source),
+                }),
         }
     }
 }

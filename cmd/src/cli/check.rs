@@ -96,7 +96,7 @@ async fn discover(
             ExitCode::from(2)
         })?;
     discovery.first_lists(LIST_WAIT).await;
-    let found = discovery.remotes(&remote::names(remotes));
+    let found = discovery.remotes(remotes);
     remotes.extend(found);
     let sources = discovery.status();
     discovery.stop();

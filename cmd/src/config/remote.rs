@@ -8,8 +8,8 @@ use kube::config::{
     AuthInfo, Cluster, Context, ExecInteractiveMode, KubeConfigOptions, Kubeconfig, NamedAuthInfo,
     NamedCluster, NamedContext,
 };
-use tether_probes::Remote;
 use tether_probes::client::without_userinfo;
+use tether_probes::{Identity, Remote};
 use tracing::warn;
 
 use super::sources::{Role, SourceFile};
@@ -28,6 +28,10 @@ pub struct ResolvedRemote {
     /// Its connection settings (credentials included; never logged),
     /// shared by the probes and the manager.
     pub config: Arc<kube::Config>,
+    /// `config`'s identity, worked out once when it was read: the
+    /// sharding's key and the probes' dedupe take it from here each time
+    /// the remotes change. Set with `config`, never apart from it.
+    pub identity: Arc<Identity>,
     /// The files its settings were read from, as they were then: watched,
     /// so that a rotation rebuilds its client.
     pub files: Vec<SourceFile>,
@@ -43,6 +47,32 @@ pub struct ResolvedRemote {
 pub fn next_generation() -> u64 {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+impl ResolvedRemote {
+    /// A remote of `config` as read now: a new generation, no files, and
+    /// its identity worked out here.
+    ///
+    /// # Errors
+    ///
+    /// [`tether_probes::Error`] if its server URL cannot be probed.
+    pub fn new(
+        name: impl Into<String>,
+        required: bool,
+        source: RemoteSource,
+        config: Arc<kube::Config>,
+    ) -> tether_probes::Result<Self> {
+        let identity = Arc::new(Identity::of(&config)?);
+        Ok(Self {
+            name: name.into(),
+            required,
+            source,
+            config,
+            identity,
+            files: Vec::new(),
+            generation: next_generation(),
+        })
+    }
 }
 
 impl std::fmt::Debug for ResolvedRemote {
@@ -68,6 +98,7 @@ pub fn handed(remotes: &[ResolvedRemote]) -> Arc<Vec<ResolvedRemote>> {
                 required: r.required,
                 source: r.source.clone(),
                 config: Arc::clone(&r.config),
+                identity: Arc::clone(&r.identity),
                 files: Vec::new(),
                 generation: r.generation,
             })
@@ -79,7 +110,11 @@ impl ResolvedRemote {
     /// The remote as the probes take it.
     #[must_use]
     pub fn probed(&self) -> Remote {
-        Remote::new(self.name.clone(), Arc::clone(&self.config))
+        Remote::with_identity(
+            self.name.clone(),
+            Arc::clone(&self.config),
+            Arc::clone(&self.identity),
+        )
     }
 }
 
@@ -257,12 +292,12 @@ fn quoted(url: &http::Uri) -> String {
 }
 
 /// What must hold of a loaded configuration before tether uses it, and the
-/// changes it makes to it.
+/// changes it makes to it; with its identity.
 fn finish(
     mut kube_config: kube::Config,
     name: &str,
     origin: Origin,
-) -> Result<kube::Config, FieldError> {
+) -> Result<(kube::Config, Identity), FieldError> {
     let direct = origin == Origin::Direct;
     // Userinfo authenticates nothing for kube; keep it out of every client
     // and so out of every log line. A proxy's too: kube's messages about a
@@ -284,9 +319,14 @@ fn finish(
     if let Some(certs) = &mut kube_config.root_cert {
         certs.shrink_to_fit();
     }
+    // A daemon has no terminal: an interactive plugin would inherit tether's
+    // stdin and write its stderr, which may hold a token, into the logs.
+    if let Some(exec) = kube_config.auth_info.exec.as_mut() {
+        exec.interactive_mode = Some(ExecInteractiveMode::Never);
+    }
     // A server URL that cannot be probed is a config error, not a loop of
     // failing builds.
-    tether_probes::Identity::of(&kube_config).map_err(|e| match origin {
+    let identity = Identity::of(&kube_config).map_err(|e| match origin {
         Origin::Secret => (
             ".server",
             "its server is not an http or https URL with a host and a port tether can probe"
@@ -304,12 +344,7 @@ fn finish(
     for warning in warnings(&kube_config) {
         warn!(remote = %name, "{warning}");
     }
-    // A daemon has no terminal: an interactive plugin would inherit tether's
-    // stdin and write its stderr, which may hold a token, into the logs.
-    if let Some(exec) = kube_config.auth_info.exec.as_mut() {
-        exec.interactive_mode = Some(ExecInteractiveMode::Never);
-    }
-    Ok(kube_config)
+    Ok((kube_config, identity))
 }
 
 /// Builds remote `index` of `config`: its kube configuration, and the
@@ -383,11 +418,12 @@ pub async fn resolve_one(
             };
             Ok((finish(kube_config, &spec.name, origin)?, files))
         })
-        .map(|(kube_config, files)| ResolvedRemote {
+        .map(|((kube_config, identity), files)| ResolvedRemote {
             name: spec.name.clone(),
             required: spec.required,
             source: spec.source.clone(),
             config: Arc::new(kube_config),
+            identity: Arc::new(identity),
             files,
             generation: next_generation(),
         })
@@ -424,7 +460,7 @@ pub async fn discovered(
     required: bool,
     secret: Arc<super::SecretSource>,
 ) -> Result<ResolvedRemote, (&'static str, String)> {
-    let config = from_secret(&secret.kubeconfig)
+    let (config, identity) = from_secret(&secret.kubeconfig)
         .await
         .and_then(|config| finish(config, name, Origin::Secret))
         .map_err(|(field, message)| (field.trim_start_matches('.'), message))?;
@@ -433,6 +469,7 @@ pub async fn discovered(
         required,
         source: RemoteSource::Secret(secret),
         config: Arc::new(config),
+        identity: Arc::new(identity),
         files: Vec::new(),
         generation: next_generation(),
     })
@@ -523,17 +560,12 @@ pub fn probed(remotes: &[ResolvedRemote]) -> Vec<Remote> {
 }
 
 /// Each remote's key for sharding, by name: its normalized URL, so the
-/// names that share an apiserver share an owner (and one probe). A URL
-/// that cannot be normalized keys by the name.
+/// names that share an apiserver share an owner (and one probe).
 #[must_use]
 pub fn keys(remotes: &[ResolvedRemote]) -> std::collections::BTreeMap<String, String> {
     remotes
         .iter()
-        .map(|r| {
-            let key =
-                tether_probes::Identity::of(&r.config).map_or_else(|_| r.name.clone(), |i| i.url);
-            (r.name.clone(), key)
-        })
+        .map(|r| (r.name.clone(), r.identity.url.clone()))
         .collect()
 }
 
@@ -544,14 +576,11 @@ mod tests {
     #[test]
     fn the_planner_is_handed_the_remotes_without_their_files() {
         let config = Arc::new(kube::Config::new("https://a:6443".parse().expect("a URL")));
-        let remote = ResolvedRemote {
-            name: "a".into(),
-            required: true,
-            source: RemoteSource::Inferred,
-            config: Arc::clone(&config),
-            files: vec![SourceFile::read(Role::TokenFile, "/nonexistent/token")],
-            generation: 7,
-        };
+        let mut remote =
+            ResolvedRemote::new("a", true, RemoteSource::Inferred, Arc::clone(&config))
+                .expect("a server to probe");
+        remote.files = vec![SourceFile::read(Role::TokenFile, "/nonexistent/token")];
+        remote.generation = 7;
         let handed = handed(std::slice::from_ref(&remote));
         let [given] = handed.as_slice() else {
             panic!("one remote handed, not {}", handed.len());

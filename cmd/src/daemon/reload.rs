@@ -144,15 +144,7 @@ impl Daemon {
         // comparisons at 10,000.
         let last: HashMap<&str, &ResolvedRemote> =
             self.resolved.iter().map(|r| (r.name.as_str(), r)).collect();
-        for (index, remote) in remotes.iter_mut().enumerate() {
-            // What the probes will need of it: a server they can key.
-            tether_probes::Identity::of(&remote.config).map_err(|err| {
-                ConfigError::new(
-                    &next.label(),
-                    format!("remotes[{index}]"),
-                    tether_supervisor::error_chain(&err),
-                )
-            })?;
+        for remote in &mut remotes {
             let Some(old) = last.get(remote.name.as_str()) else {
                 continue;
             };
@@ -166,6 +158,7 @@ impl Daemon {
                 // The same settings: its probe keeps its client and
                 // connection.
                 remote.config = Arc::clone(&old.config);
+                remote.identity = Arc::clone(&old.identity);
                 remote.generation = old.generation;
             } else if changed.is_empty() {
                 info!(remote = %remote.name, "its settings in the config changed; client rebuilt");

@@ -108,6 +108,30 @@ pub struct SourceStatus {
     pub failing: Option<(String, SystemTime)>,
 }
 
+/// Who has a name first, as a later Secret's error tells it: told only
+/// then, not made for every name at every merge.
+#[derive(Debug, Clone, Copy)]
+enum Holder<'a> {
+    /// The home cluster's reserved name.
+    Home,
+    /// A static remote's.
+    Static,
+    /// A Secret's, earlier in order.
+    Secret { namespace: &'a str, secret: &'a str },
+}
+
+impl std::fmt::Display for Holder<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Home => f.write_str("the home cluster"),
+            Self::Static => f.write_str("a static remote"),
+            Self::Secret { namespace, secret } => {
+                write!(f, "Secret {namespace}/{}", shown(secret))
+            }
+        }
+    }
+}
+
 /// The merged set as last taken: what `/status` and the metrics show.
 #[derive(Debug, Default)]
 struct Merged {
@@ -241,20 +265,19 @@ impl Discovery {
 
     /// The discovered remotes, sources in config order and each source's
     /// in Secret name order. A name that tether reserves (the home
-    /// cluster's), a static remote (`taken`) or an earlier Secret already
+    /// cluster's), a static remote (of `taken`) or an earlier Secret already
     /// has is an error on the later Secret alone. The metrics and the
     /// status follow.
-    pub fn remotes(&self, taken: &BTreeSet<String>) -> Vec<ResolvedRemote> {
-        let mut names: BTreeMap<String, String> = taken
+    pub fn remotes(&self, taken: &[ResolvedRemote]) -> Vec<ResolvedRemote> {
+        let known: Vec<_> = self.sources.iter().map(|s| lock(&s.known)).collect();
+        let mut holders: BTreeMap<&str, Holder<'_>> = taken
             .iter()
-            .map(|n| (n.clone(), "a static remote".to_owned()))
+            .map(|r| (r.name.as_str(), Holder::Static))
             .collect();
-        names.insert(HOME.to_owned(), "the home cluster".to_owned());
+        holders.insert(HOME, Holder::Home);
         let mut remotes = Vec::new();
         let mut per_source = Vec::with_capacity(self.sources.len());
-        for source in &self.sources {
-            let label = source.spec.label();
-            let known = lock(&source.known);
+        for (source, known) in self.sources.iter().zip(&known) {
             let mut given = 0;
             let mut skipped = Vec::new();
             for (secret, entry) in &known.secrets {
@@ -265,7 +288,7 @@ impl Discovery {
                         skipped: why.clone(),
                     }),
                     Outcome::Found(remote) => {
-                        if let Some(holder) = names.get(&remote.name) {
+                        if let Some(holder) = holders.get(remote.name.as_str()) {
                             skipped.push(SkippedSecret {
                                 secret: shown(secret),
                                 skipped: Skipped {
@@ -278,19 +301,20 @@ impl Discovery {
                             });
                             continue;
                         }
-                        names.insert(
-                            remote.name.clone(),
-                            format!("Secret {}/{}", source.spec.namespace, shown(secret)),
-                        );
+                        let namespace = source.spec.namespace.as_str();
+                        holders.insert(&remote.name, Holder::Secret { namespace, secret });
                         remotes.push(remote.clone());
                         given += 1;
                     }
                 }
             }
-            drop(known);
-            self.found.with_label_values(&[&label]).set(given);
+            self.found
+                .with_label_values(&[&source.spec.label()])
+                .set(given);
             per_source.push((usize::try_from(given).unwrap_or(0), skipped));
         }
+        drop(holders);
+        drop(known);
         self.export_errors(&per_source);
         lock(&self.merged).per_source = per_source;
         remotes
@@ -356,14 +380,9 @@ mod tests {
     use crate::config::{RemoteSource, SecretFormat};
 
     fn remote(name: &str) -> ResolvedRemote {
-        ResolvedRemote {
-            name: name.to_owned(),
-            required: true,
-            source: RemoteSource::Inferred,
-            config: Arc::new(kube::Config::new("https://h:6443".parse().expect("a URL"))),
-            files: Vec::new(),
-            generation: crate::config::remote::next_generation(),
-        }
+        let config = kube::Config::new("https://h:6443".parse().expect("a URL"));
+        ResolvedRemote::new(name, true, RemoteSource::Inferred, Arc::new(config))
+            .expect("a server to probe")
     }
 
     /// A discovery of one source that knows `secrets`, as its reflector
@@ -400,9 +419,10 @@ mod tests {
         let discovery = knowing(vec![
             ("home", Outcome::Found(remote("home"))),
             ("edge-1", Outcome::Found(remote("edge-1"))),
+            ("edge-1-again", Outcome::Found(remote("edge-1"))),
             ("s", Outcome::Found(remote("s"))),
         ]);
-        let taken = BTreeSet::from(["s".to_owned()]);
+        let taken = [remote("s")];
         let found: Vec<String> = discovery
             .remotes(&taken)
             .into_iter()
@@ -425,6 +445,11 @@ mod tests {
             skipped,
             [
                 (
+                    "edge-1-again",
+                    "name",
+                    "\"edge-1\" is already the name of Secret fleet/edge-1"
+                ),
+                (
                     "home",
                     "name",
                     "\"home\" is already the name of the home cluster"
@@ -444,7 +469,7 @@ mod tests {
                 message: "is missing".to_owned(),
             }),
         )]);
-        discovery.remotes(&BTreeSet::new());
+        discovery.remotes(&[]);
         let shown = &discovery.status()[0].skipped[0].secret;
         assert!(!shown.chars().any(char::is_control), "{shown:?}");
         assert!(shown.contains("\\u{1b}"), "{shown:?}");
@@ -460,7 +485,7 @@ mod tests {
         let discovery = knowing(Vec::new());
         lock(&discovery.sources[0].known).failing =
             Some(("no answer within 30s".to_owned(), SystemTime::now()));
-        discovery.remotes(&BTreeSet::new());
+        discovery.remotes(&[]);
         let failing = || {
             discovery
                 .errors
@@ -469,7 +494,7 @@ mod tests {
         };
         assert_eq!(failing().ok(), Some(1));
         lock(&discovery.sources[0].known).failing = None;
-        discovery.remotes(&BTreeSet::new());
+        discovery.remotes(&[]);
         let exported = prometheus::core::Collector::collect(&discovery.errors);
         assert!(
             exported.iter().all(|family| family.get_metric().is_empty()),

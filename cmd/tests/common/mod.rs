@@ -597,14 +597,15 @@ pub(crate) async fn start_in_process_with(
     let probes = tether_probes::ProbeSet::new(probe, &registry).expect("probes");
     let mut resolved = Vec::new();
     for (name, server, required) in remotes {
-        resolved.push(ResolvedRemote {
-            name: (*name).to_owned(),
-            required: *required,
-            source: tether::config::RemoteSource::Inferred,
-            config: config_of(*server).await.into(),
-            files: Vec::new(),
-            generation: tether::config::remote::next_generation(),
-        });
+        resolved.push(
+            ResolvedRemote::new(
+                *name,
+                *required,
+                tether::config::RemoteSource::Inferred,
+                config_of(*server).await.into(),
+            )
+            .expect("a server to probe"),
+        );
     }
     probes
         .sync(&tether::config::remote::probed(&resolved))

@@ -7,7 +7,7 @@ use super::run::local_error;
 use crate::classify::{LocalKind, ProbeResult, root_cause};
 use crate::credentials;
 use crate::probe::{probe_client, probe_once};
-use crate::{Error, Identity, ProbeConfig, Remote, Result};
+use crate::{Identity, ProbeConfig, Remote, Result};
 
 /// One row of [`check`]: a configured remote probed once.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,13 +26,9 @@ pub struct CheckRow {
 ///
 /// As [`ProbeSet::sync`], for an invalid or duplicate remote.
 pub async fn check(remotes: &[Remote], config: &ProbeConfig) -> Result<Vec<CheckRow>> {
-    let mut groups: BTreeMap<Identity, Vec<&Remote>> = BTreeMap::new();
+    let mut groups: BTreeMap<Arc<Identity>, Vec<&Remote>> = BTreeMap::new();
     for remote in remotes {
-        let identity = Identity::of(&remote.config).map_err(|source| Error::Remote {
-            name: remote.name.clone(),
-            source: Box::new(source),
-        })?;
-        groups.entry(identity).or_default().push(remote);
+        groups.entry(remote.identity()?).or_default().push(remote);
     }
     let probes = groups.into_iter().map(|(identity, group)| async move {
         let kube_config = Arc::clone(&group[0].config);

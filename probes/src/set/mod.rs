@@ -205,7 +205,7 @@ struct Probe {
 /// The running probes, by identity, and each configured name's probe.
 #[derive(Debug, Default)]
 struct Probes {
-    by_identity: BTreeMap<Identity, Probe>,
+    by_identity: BTreeMap<Arc<Identity>, Probe>,
     by_name: BTreeMap<String, Arc<Shared>>,
 }
 
@@ -365,17 +365,13 @@ impl ProbeSet {
     ///
     /// Must be called within a tokio runtime, which runs the probe tasks.
     pub fn sync(&self, remotes: &[Remote]) -> Result<()> {
-        let mut wanted: BTreeMap<Identity, Vec<&Remote>> = BTreeMap::new();
+        let mut wanted: BTreeMap<Arc<Identity>, Vec<&Remote>> = BTreeMap::new();
         let mut seen = std::collections::BTreeSet::new();
         for remote in remotes {
             if !seen.insert(remote.name.as_str()) {
                 return Err(Error::DuplicateName(remote.name.clone()));
             }
-            let identity = Identity::of(&remote.config).map_err(|source| Error::Remote {
-                name: remote.name.clone(),
-                source: Box::new(source),
-            })?;
-            wanted.entry(identity).or_default().push(remote);
+            wanted.entry(remote.identity()?).or_default().push(remote);
         }
 
         let inner = &self.inner;
@@ -389,7 +385,7 @@ impl ProbeSet {
         // moves to its new identity below: its state and series stay, and
         // its client is rebuilt.
         let mut retired: Vec<Probe> = Vec::new();
-        let gone: Vec<Identity> = probes
+        let gone: Vec<Arc<Identity>> = probes
             .keys()
             .filter(|identity| !wanted.contains_key(*identity))
             .cloned()
@@ -413,7 +409,7 @@ impl ProbeSet {
             {
                 let probe = retired.swap_remove(at);
                 debug!(remotes = %names.join(", "), host = %probe.shared.host, "remote's settings changed; its probe goes on with a new client");
-                probes.insert(identity.clone(), probe);
+                probes.insert(Arc::clone(&identity), probe);
             }
             if let Some(probe) = probes.get(&identity) {
                 let mut state = probe.shared.lock();

@@ -98,16 +98,13 @@ mod tests {
 
     use super::*;
     use crate::config::RemoteSource;
-    use crate::config::remote::{ResolvedRemote, next_generation};
+    use crate::config::remote::ResolvedRemote;
 
     fn plan(optional: &[&str]) -> Plan {
-        let remote = |name: &str, required| ResolvedRemote {
-            name: name.to_owned(),
-            required,
-            source: RemoteSource::Inferred,
-            config: Arc::new(kube::Config::new("https://h:6443".parse().expect("a URL"))),
-            files: Vec::new(),
-            generation: next_generation(),
+        let remote = |name: &str, required| {
+            let config = kube::Config::new("https://h:6443".parse().expect("a URL"));
+            ResolvedRemote::new(name, required, RemoteSource::Inferred, Arc::new(config))
+                .expect("a server to probe")
         };
         let mut remotes = vec![remote("required", true)];
         remotes.extend(optional.iter().map(|name| remote(name, false)));

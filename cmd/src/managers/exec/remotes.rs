@@ -341,19 +341,14 @@ mod tests {
     use crate::config::SecretSource;
 
     fn discovered(name: &str) -> ResolvedRemote {
-        ResolvedRemote {
+        let source = RemoteSource::Secret(Arc::new(SecretSource {
+            namespace: "fleet".to_owned(),
             name: name.to_owned(),
-            required: true,
-            source: RemoteSource::Secret(Arc::new(SecretSource {
-                namespace: "fleet".to_owned(),
-                name: name.to_owned(),
-                digest: Vec::new(),
-                kubeconfig: kube::config::Kubeconfig::default(),
-            })),
-            config: Arc::new(kube::Config::new("https://h:6443".parse().expect("a URL"))),
-            files: Vec::new(),
-            generation: crate::config::remote::next_generation(),
-        }
+            digest: Vec::new(),
+            kubeconfig: kube::config::Kubeconfig::default(),
+        }));
+        let config = kube::Config::new("https://h:6443".parse().expect("a URL"));
+        ResolvedRemote::new(name, true, source, Arc::new(config)).expect("a server to probe")
     }
 
     /// Writes a file listing `remotes`, none lost, as revision `revision`.
