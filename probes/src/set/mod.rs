@@ -393,8 +393,13 @@ impl ProbeSet {
         for identity in gone {
             retired.extend(probes.remove(&identity));
         }
+        // `by_name` follows what changes, not the whole set: the names each
+        // probe lost are removed, then the names each gained inserted, so
+        // that a name that moves from one probe to another ends at the
+        // second.
+        let mut lost: Vec<String> = Vec::new();
+        let mut gained: Vec<(String, Arc<Shared>)> = Vec::new();
         for (identity, group) in wanted {
-            let names: Vec<String> = group.iter().map(|r| r.name.clone()).collect();
             let config = Arc::clone(&group[0].config);
             if !probes.contains_key(&identity)
                 && let Some(at) = retired.iter().position(|probe| {
@@ -404,71 +409,107 @@ impl ProbeSet {
                             .lock()
                             .names
                             .iter()
-                            .any(|series| names.contains(&series.name))
+                            .any(|series| group.iter().any(|r| r.name == series.name))
                 })
             {
                 let probe = retired.swap_remove(at);
-                debug!(remotes = %names.join(", "), host = %probe.shared.host, "remote's settings changed; its probe goes on with a new client");
+                debug!(remotes = %joined(&group), host = %probe.shared.host, "remote's settings changed; its probe goes on with a new client");
                 probes.insert(Arc::clone(&identity), probe);
             }
             if let Some(probe) = probes.get(&identity) {
                 let mut state = probe.shared.lock();
-                // Names that stay keep their series; names that go take
-                // theirs with them.
-                let mut kept = std::mem::take(&mut state.names);
-                state.names = names
-                    .into_iter()
-                    .map(|name| match kept.iter().position(|s| s.name == name) {
-                        Some(at) => kept.swap_remove(at),
-                        None => Series::new(name),
-                    })
-                    .collect();
                 // The same settings keep the client, and its connection.
                 if !Arc::ptr_eq(&state.config, &config) {
                     state.config = config;
                     state.config_generation += 1;
                 }
+                let same = state.names.len() == group.len()
+                    && state
+                        .names
+                        .iter()
+                        .zip(&group)
+                        .all(|(s, r)| s.name == r.name);
+                if same {
+                    continue;
+                }
+                // Names that stay keep their series; names that go take
+                // theirs with them.
+                let mut kept = std::mem::take(&mut state.names);
+                state.names = group
+                    .iter()
+                    .map(|r| {
+                        if let Some(at) = kept.iter().position(|s| s.name == r.name) {
+                            return kept.swap_remove(at);
+                        }
+                        gained.push((r.name.clone(), Arc::clone(&probe.shared)));
+                        Series::new(r.name.clone())
+                    })
+                    .collect();
+                lost.extend(kept.into_iter().map(|s| s.name));
             } else {
-                let host = identity.host().to_owned();
-                info!(remotes = %names.join(", "), %host, "probing remote apiserver");
-                let tracker = Tracker::new(
-                    inner.config.failure_threshold,
-                    inner.config.success_threshold,
+                let probe = start_probe(inner, identity.host(), &group, config);
+                gained.extend(
+                    group
+                        .iter()
+                        .map(|r| (r.name.clone(), Arc::clone(&probe.shared))),
                 );
-                let shared = Arc::new(Shared::new(host.clone(), names, config, tracker));
-                let stop = CancellationToken::new();
-                // No span around the task: entering one on each of its
-                // polls cost a tenth of a probe. Its events name the host
-                // themselves, and a client's build runs in the span.
-                let task = tokio::spawn(supervise_probe(
-                    Arc::clone(inner),
-                    Arc::clone(&shared),
-                    stop.clone(),
-                ));
-                probes.insert(
-                    identity,
-                    Probe {
-                        shared,
-                        stop,
-                        _task: task,
-                    },
-                );
+                probes.insert(identity, probe);
             }
+        }
+        for probe in &retired {
+            lost.extend(probe.shared.lock().names.iter().map(|s| s.name.clone()));
         }
         stop_retired(retired, remotes);
-        by_name.clear();
-        for probe in probes.values() {
-            for series in &probe.shared.lock().names {
-                by_name.insert(series.name.clone(), Arc::clone(&probe.shared));
-            }
+        for name in &lost {
+            by_name.remove(name);
         }
+        by_name.extend(gained);
         Ok(())
     }
+}
+
+/// A probe of `host` for the remotes of `group`, its task started.
+fn start_probe(
+    inner: &Arc<Inner>,
+    host: &str,
+    group: &[&Remote],
+    config: Arc<kube::Config>,
+) -> Probe {
+    let names: Vec<String> = group.iter().map(|r| r.name.clone()).collect();
+    info!(remotes = %names.join(", "), %host, "probing remote apiserver");
+    let tracker = Tracker::new(
+        inner.config.failure_threshold,
+        inner.config.success_threshold,
+    );
+    let shared = Arc::new(Shared::new(host.to_owned(), names, config, tracker));
+    let stop = CancellationToken::new();
+    // No span around the task: entering one on each of its polls cost a
+    // tenth of a probe. Its events name the host themselves, and a
+    // client's build runs in the span.
+    let task = tokio::spawn(supervise_probe(
+        Arc::clone(inner),
+        Arc::clone(&shared),
+        stop.clone(),
+    ));
+    Probe {
+        shared,
+        stop,
+        _task: task,
+    }
+}
+
+/// The names of `group`, as a log line lists them.
+fn joined(group: &[&Remote]) -> String {
+    let names: Vec<&str> = group.iter().map(|r| r.name.as_str()).collect();
+    names.join(", ")
 }
 
 /// Stops the probes of identities no longer wanted, saying of each name
 /// whether it went from the config or moved to another server.
 fn stop_retired(retired: Vec<Probe>, remotes: &[Remote]) {
+    if retired.is_empty() {
+        return;
+    }
     let kept: std::collections::BTreeSet<&str> = remotes.iter().map(|r| r.name.as_str()).collect();
     for probe in retired {
         probe.stop.cancel();
@@ -680,6 +721,92 @@ mod tests {
         for _ in 0..CONNECT_BURST {
             assert_eq!(pacer.slot(), now);
         }
+    }
+
+    /// `by_name` as the probes say it should be: each name of each probe,
+    /// to that probe.
+    fn by_name_agrees(set: &ProbeSet) -> Vec<(String, String)> {
+        let probes = set.inner.probes();
+        let mut expected = BTreeMap::new();
+        for probe in probes.by_identity.values() {
+            for series in &probe.shared.lock().names {
+                expected.insert(series.name.clone(), Arc::as_ptr(&probe.shared));
+            }
+        }
+        let kept: BTreeMap<String, *const Shared> = probes
+            .by_name
+            .iter()
+            .map(|(name, shared)| (name.clone(), Arc::as_ptr(shared)))
+            .collect();
+        assert_eq!(kept, expected, "by_name strays from the probes");
+        probes
+            .by_name
+            .iter()
+            .map(|(name, shared)| (name.clone(), shared.host.clone()))
+            .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_name_finds_its_probe_as_names_come_go_and_move() {
+        let set = ProbeSet::new(
+            ProbeConfig::default().with_interval(Duration::from_secs(3600)),
+            &prometheus::Registry::new(),
+        )
+        .expect("probes");
+        let config = |url: &str, token: &str| {
+            let mut c = kube::Config::new(url.parse().expect("a URL"));
+            c.auth_info.token = (!token.is_empty()).then(|| token.to_owned().into());
+            Arc::new(c)
+        };
+        let (a, b, c) = (
+            config("https://a:6443", ""),
+            config("https://b:6443", ""),
+            config("https://c:6443", ""),
+        );
+        let step = |pairs: &[(&str, &Arc<kube::Config>)], want: &[(&str, &str)]| {
+            let remotes: Vec<Remote> = pairs
+                .iter()
+                .map(|(n, c)| Remote::new(*n, Arc::clone(c)))
+                .collect();
+            set.sync(&remotes).expect("sync");
+            let want: Vec<(String, String)> = want
+                .iter()
+                .map(|(n, h)| ((*n).to_owned(), (*h).to_owned()))
+                .collect();
+            assert_eq!(by_name_agrees(&set), want, "after {pairs:?}");
+        };
+        step(
+            &[("x", &a), ("y", &a), ("z", &b)],
+            &[("x", "a:6443"), ("y", "a:6443"), ("z", "b:6443")],
+        );
+        // One added beside the rest: nothing else moves.
+        step(
+            &[("x", &a), ("y", &a), ("z", &b), ("w", &c)],
+            &[
+                ("w", "c:6443"),
+                ("x", "a:6443"),
+                ("y", "a:6443"),
+                ("z", "b:6443"),
+            ],
+        );
+        // y moves to b's probe, and a name goes.
+        step(
+            &[("x", &a), ("y", &b), ("z", &b)],
+            &[("x", "a:6443"), ("y", "b:6443"), ("z", "b:6443")],
+        );
+        // b's probe goes whole; its names move to a new server.
+        step(
+            &[("x", &a), ("y", &c), ("z", &c)],
+            &[("x", "a:6443"), ("y", "c:6443"), ("z", "c:6443")],
+        );
+        // a's settings change on the same host (a token): its probe moves
+        // to the new identity, and its names with it.
+        let a_token = config("https://a:6443", "t");
+        step(
+            &[("x", &a_token), ("y", &c), ("z", &c)],
+            &[("x", "a:6443"), ("y", "c:6443"), ("z", "c:6443")],
+        );
+        step(&[], &[]);
     }
 
     #[test]
