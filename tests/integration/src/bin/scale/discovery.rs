@@ -179,16 +179,20 @@ fn counting(args: &Args, tether: &Process) -> Result<Option<Instant>> {
 const A_PROBE: &str = "tether_probes::set::run::record";
 
 /// A discovery change's instructions: callgrind's count over the trials'
-/// window (from `start`), less its probes' part, over the trials. The
-/// probes' part is what a probe cost in a quiet window right after (as
-/// long, and at least one and a half probe intervals, as the probes tick
-/// together on a grid), times the probes the trials' window ran (both counted by
-/// callgrind, as the calls of [`A_PROBE`]): callgrind runs one thread at a
-/// time, so the probes that wait out a change's work in the one window run
-/// in the other, and neither window reads `/metrics` (at 10,000 remotes a
-/// read costs more than the changes). What is left is the changes': each
-/// Secret's event, the merge, the planner's value and what follows it, and
-/// its remote's first probe (a TLS handshake).
+/// window (from `start`), less its probes' part, over the trials.
+///
+/// - The probes' part is what a probe cost in a quiet window right after,
+///   times the probes the trials' window ran, both counted by callgrind as
+///   the calls of [`A_PROBE`]. Callgrind runs one thread at a time, so the
+///   probes that wait out a change's work in the one window run in the
+///   other. The quiet window is as long as the trials', and at least one
+///   and a half probe intervals, since the probes tick together on a grid.
+/// - Neither window reads `/metrics` (a read at 10,000 remotes is about 26
+///   million instructions), but with `--watch default` the trials read
+///   `tether_watch_synced`, and those reads are counted.
+/// - What is left is the changes': each Secret's event, the merge, the
+///   planner's value and what follows it, and its remote's first probe (a
+///   TLS handshake).
 fn per_change(tether: &Process, remotes: &Remotes, start: Instant, args: &Args) -> Result<Value> {
     let (interval, trials) = (args.interval, args.discovery_trials);
     let dir = target_dir().join("scale");
@@ -315,11 +319,12 @@ pub(crate) fn discovery(args: &Args, count: usize) -> Result<Value> {
             Duration::from_secs(if args.callgrind { 600 } else { 30 }),
         ),
     )?;
-    let relists = lists_since(&mut remotes, &lists_before, servers)?;
-    let cycles = metric(&admin, "tether_cycle")? - cycle_before;
+    // Counted before anything reads tether's /metrics again.
     let instructions = window
         .map(|start| per_change(&tether, &remotes, start, args))
         .transpose()?;
+    let relists = lists_since(&mut remotes, &lists_before, servers)?;
+    let cycles = metric(&admin, "tether_cycle")? - cycle_before;
     let (peak_after, rss_after) = (tether.kib("VmHWM"), tether.kib("VmRSS"));
     let max = took.iter().copied().fold(0.0, f64::max);
     let med = median(&mut took.clone());

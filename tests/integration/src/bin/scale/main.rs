@@ -117,6 +117,10 @@ struct Args {
     /// sliding back by a count, not a timing.
     #[arg(long, requires = "callgrind")]
     most_instructions_a_probe: Option<f64>,
+    /// With `--callgrind` and `--discovery`: fail (exit 1, after the
+    /// report) if a discovery change cost more instructions than this.
+    #[arg(long, requires_all = ["callgrind", "discovery"])]
+    most_instructions_a_change: Option<f64>,
     /// Run tether under this command (`heaptrack -o FILE`), in a process
     /// group stopped with SIGTERM; its CPU and RSS are then the wrapper's.
     /// With `--replicas`, the first replica alone.
@@ -251,18 +255,32 @@ fn run(args: &Args) -> Result<()> {
     std::fs::write(&path, serde_json::to_string_pretty(&report).expect("JSON"))
         .map_err(|e| format!("{}: {e}", path.display()))?;
     println!("JSON: {}", path.display());
-    if let Some(most) = args.most_instructions_a_probe {
-        let counted = report["tether"]["instructions_per_probe"]
-            .as_f64()
-            .ok_or("no instructions were counted")?;
-        if counted > most {
-            return Err(format!(
-                "a probe cost {counted:.0} instructions, more than the {most:.0} allowed: \
-                 see docs/benchmarks.md for how to find where"
-            ));
-        }
-        println!("instructions a probe: {counted:.0}, within {most:.0}");
+    within(
+        "a probe",
+        &report["tether"]["instructions_per_probe"],
+        args.most_instructions_a_probe,
+    )?;
+    within(
+        "a discovery change",
+        &report["instructions"]["a_change"],
+        args.most_instructions_a_change,
+    )
+}
+
+/// Whether `counted` instructions for `what` are within `most`, if a bound
+/// is given.
+fn within(what: &str, counted: &Value, most: Option<f64>) -> Result<()> {
+    let Some(most) = most else {
+        return Ok(());
+    };
+    let counted = counted.as_f64().ok_or("no instructions were counted")?;
+    if counted > most {
+        return Err(format!(
+            "{what} cost {counted:.0} instructions, more than the {most:.0} allowed: \
+             see docs/benchmarks.md for how to find where"
+        ));
     }
+    println!("instructions {what}: {counted:.0}, within {most:.0}");
     Ok(())
 }
 
