@@ -107,10 +107,12 @@ fn metric(admin: &str, series: &str) -> Result<f64> {
 /// synced.
 fn first_probes(
     tether: &mut Process,
-    (runtime, secrets): (&tokio::runtime::Runtime, &Api<Secret>),
+    runtime: &tokio::runtime::Runtime,
+    secrets: &Api<Secret>,
     remotes: &Remotes,
     wanted: Vec<(usize, usize)>,
-    (watching, patience): (Option<&str>, Duration),
+    watching: Option<&str>,
+    patience: Duration,
 ) -> Result<(Vec<f64>, Option<Vec<f64>>)> {
     let mut took = Vec::with_capacity(wanted.len());
     let mut synced = watching.map(|_| Vec::with_capacity(wanted.len()));
@@ -310,14 +312,13 @@ pub(crate) fn discovery(args: &Args, count: usize) -> Result<Value> {
     let window = counting(args, &tether)?;
     let (took, synced) = first_probes(
         &mut tether,
-        (&runtime, &secrets),
+        &runtime,
+        &secrets,
         &remotes,
         trials,
+        watches.then_some(admin.as_str()),
         // Under callgrind, one change at 10,000 took a minute.
-        (
-            watches.then_some(admin.as_str()),
-            Duration::from_secs(if args.callgrind { 600 } else { 30 }),
-        ),
+        Duration::from_secs(if args.callgrind { 600 } else { 30 }),
     )?;
     // Counted before anything reads tether's /metrics again.
     let instructions = window
