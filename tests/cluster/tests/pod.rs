@@ -195,8 +195,9 @@ async fn scraped_and_alerted_on(kube: &Kube, monitoring: &Monitoring) {
         },
         || {
             format!(
-                "{:?}",
-                Monitoring::api(kube, "/api/v1/targets?state=active")
+                "targets: {:?}\n{}",
+                Monitoring::api(kube, "/api/v1/targets?state=active"),
+                Monitoring::said(kube)
             )
         },
     )

@@ -86,51 +86,58 @@ impl Monitoring {
                     })
                     .then_some(())
             },
-            || {
-                let pods = kube
-                    .try_run("kubectl", &["get", "pods", "-A", "-o", "wide"])
-                    .unwrap_or_else(|e| e);
-                let mut said = format!("{pods}\n");
-                for (pod, container) in [
-                    ("prometheus-main-0", "prometheus"),
-                    ("alertmanager-main-0", "alertmanager"),
-                ] {
-                    for previous in ["--previous=false", "--previous=true"] {
-                        let log = kube
-                            .try_run(
-                                "kubectl",
-                                &[
-                                    "-n",
-                                    "monitoring",
-                                    "logs",
-                                    pod,
-                                    "-c",
-                                    container,
-                                    previous,
-                                    "--tail=20",
-                                ],
-                            )
-                            .unwrap_or_else(|e| e);
-                        let _ = writeln!(said, "{pod}/{container} ({previous}):\n{log}");
-                    }
-                }
-                let operator = kube
+            || Self::said(kube),
+        )
+        .await;
+        println!("alerts: Prometheus and Alertmanager Ready in {took:.1?} (after the quickstart)");
+    }
+
+    /// What the stack says of itself, for a wait that failed: the pods, the
+    /// last lines of Prometheus's, its config reloader's (which loads the
+    /// scrape config the operator writes from a ServiceMonitor) and
+    /// Alertmanager's logs, and the operator's.
+    pub(crate) fn said(kube: &Kube) -> String {
+        let pods = kube
+            .try_run("kubectl", &["get", "pods", "-A", "-o", "wide"])
+            .unwrap_or_else(|e| e);
+        let mut said = format!("{pods}\n");
+        for (pod, container) in [
+            ("prometheus-main-0", "prometheus"),
+            ("prometheus-main-0", "config-reloader"),
+            ("alertmanager-main-0", "alertmanager"),
+        ] {
+            for previous in ["--previous=false", "--previous=true"] {
+                let log = kube
                     .try_run(
                         "kubectl",
                         &[
                             "-n",
-                            "default",
+                            "monitoring",
                             "logs",
-                            "deploy/prometheus-operator",
-                            "--tail=10",
+                            pod,
+                            "-c",
+                            container,
+                            previous,
+                            "--tail=20",
                         ],
                     )
                     .unwrap_or_else(|e| e);
-                format!("{said}operator:\n{operator}")
-            },
-        )
-        .await;
-        println!("alerts: Prometheus and Alertmanager Ready in {took:.1?} (after the quickstart)");
+                let _ = writeln!(said, "{pod}/{container} ({previous}):\n{log}");
+            }
+        }
+        let operator = kube
+            .try_run(
+                "kubectl",
+                &[
+                    "-n",
+                    "default",
+                    "logs",
+                    "deploy/prometheus-operator",
+                    "--tail=10",
+                ],
+            )
+            .unwrap_or_else(|e| e);
+        format!("{said}operator:\n{operator}")
     }
 
     /// `GET path` of Prometheus's HTTP API, through the apiserver's proxy:
