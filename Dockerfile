@@ -11,12 +11,13 @@ FROM docker.io/library/rust:${RUST_VERSION}-slim-bookworm AS builder
 WORKDIR /src
 COPY . .
 # The downloaded crates and the compiled dependencies live in BuildKit cache
-# mounts, so a source change rebuilds tether alone. Without the default
+# mounts, so a source change rebuilds tether alone (and links the whole
+# program optimized as one: Cargo.toml, profile dist). Without the default
 # `demo` feature, the shipped binary links nothing from tests/.
 RUN --mount=type=cache,target=/usr/local/cargo/registry,id=cargo-registry \
     --mount=type=cache,target=/src/target,id=tether-target \
-    cargo build --release --locked --no-default-features -p tether --bin tether \
-    && strip --strip-all -o /tether target/release/tether
+    cargo build --profile dist --locked --no-default-features -p tether --bin tether \
+    && strip --strip-all -o /tether target/dist/tether
 
 FROM gcr.io/distroless/cc-debian12:nonroot
 ARG VERSION=0.1.0
