@@ -5,8 +5,8 @@
 //! One pool for the process, not one for each worker thread: a probe often
 //! takes its buffers on the worker its timer woke it on and gives them back
 //! on the one its socket woke it on, so per-thread pools filled on one
-//! worker and allocated anew on the other (two probes in three allocated,
-//! about 560 instructions a probe; issue 43, part 9).
+//! worker and allocated anew on the other (two probes in three allocated:
+//! about 430 instructions a probe, issue 43, part 9).
 
 use std::sync::{Mutex, PoisonError};
 
