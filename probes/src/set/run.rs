@@ -1,6 +1,7 @@
 //! One identity's probe task: its ticks, its client, and each result applied
 //! to its state, metrics, logs and transitions.
 
+use std::convert::Infallible;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -8,7 +9,6 @@ use std::time::{Duration, SystemTime};
 use futures_util::FutureExt as _;
 use tether_supervisor::panic_message;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, error, info, info_span, warn};
 
 use super::pace::{jittered, on_grid};
@@ -29,29 +29,29 @@ pub(super) fn local_error(kind: LocalKind, error: String) -> ProbeResult {
     }
 }
 
-/// Runs a probe loop, restarting it after a panic, until `stop`.
-pub(super) async fn supervise_probe(
-    inner: Arc<Inner>,
-    shared: Arc<Shared>,
-    stop: CancellationToken,
-) {
+/// Runs a probe loop, restarting it after a panic, until its task is
+/// aborted.
+///
+/// Stopped by [`JoinHandle::abort`](tokio::task::JoinHandle::abort), not by
+/// a cancellation token: a token's future is polled on every wake of the
+/// task, four times a probe, for about 650 instructions a probe (issue 43),
+/// and an abort drops the loop at whichever wait it is in, as a `select!` on
+/// the token did.
+pub(super) async fn supervise_probe(inner: Arc<Inner>, shared: Arc<Shared>) {
     loop {
-        let run = AssertUnwindSafe(probe_loop(&inner, &shared, &stop)).catch_unwind();
-        let Err(payload) = run.await else {
-            return;
-        };
+        let Err(payload) = AssertUnwindSafe(probe_loop(&inner, &shared))
+            .catch_unwind()
+            .await;
         let message = panic_message(payload.as_ref());
         error!(host = %shared.host, panic = %message, "probe task panicked; restarting it after one interval");
         inner.metrics.panics.inc();
         shared.lock().panics += 1;
-        tokio::select! {
-            () = stop.cancelled() => return,
-            () = tokio::time::sleep(inner.config.interval) => {}
-        }
+        tokio::time::sleep(inner.config.interval).await;
     }
 }
 
-pub(super) async fn probe_loop(inner: &Inner, shared: &Shared, stop: &CancellationToken) {
+/// Probes until its task is aborted: it returns only by a panic.
+pub(super) async fn probe_loop(inner: &Inner, shared: &Shared) -> Infallible {
     let config = &inner.config;
     let mut client: Option<(u64, ProbeClient)> = None;
     let mut building = None;
@@ -65,8 +65,6 @@ pub(super) async fn probe_loop(inner: &Inner, shared: &Shared, stop: &Cancellati
     // A suspicion makes the next probe, early or not, use a new connection.
     let mut fresh = false;
     // Made once, not on every probe: each registers a waiter.
-    let cancelled = stop.cancelled();
-    tokio::pin!(cancelled);
     let suspected = shared.suspected.notified();
     tokio::pin!(suspected);
     loop {
@@ -78,7 +76,6 @@ pub(super) async fn probe_loop(inner: &Inner, shared: &Shared, stop: &Cancellati
         };
         tokio::select! {
             biased;
-            () = &mut cancelled => return,
             () = tokio::time::sleep_until(next) => {}
             () = &mut suspected => {
                 suspected.set(shared.suspected.notified());
@@ -123,16 +120,15 @@ pub(super) async fn probe_loop(inner: &Inner, shared: &Shared, stop: &Cancellati
             // Boxed, as the probe below: the task keeps only what waits
             // between probes.
             let span = info_span!("probe", host = %shared.host);
-            let built = Box::pin(build(inner, shared, stop, &mut building, kube_config))
+            let built = Box::pin(build(inner, shared, &mut building, kube_config))
                 .instrument(span)
                 .await;
             match built {
-                Some(Ok(built)) => client = Some((generation, built)),
-                Some(Err(result)) => {
+                Ok(built) => client = Some((generation, built)),
+                Err(result) => {
                     record(inner, shared, result);
                     continue;
                 }
-                None => return,
             }
         }
         let (_, probe_client) = client.as_mut().expect("built above when missing or stale");
@@ -142,20 +138,18 @@ pub(super) async fn probe_loop(inner: &Inner, shared: &Shared, stop: &Cancellati
         if probe_client.needs_connection(tick) {
             // The wait is the process's, not the remote's: it comes before
             // the probe's deadline starts.
-            tokio::select! {
-                biased;
-                () = &mut cancelled => return,
-                () = tokio::time::sleep_until(inner.connects.slot()) => {}
-            }
+            tokio::time::sleep_until(inner.connects.slot()).await;
         }
-        let result = tokio::select! {
-            biased;
-            () = &mut cancelled => return,
-            result = Box::pin(probe_once(probe_client, &config.path, config.timeout, &config.unreachable_statuses)) => result,
-        };
+        let result = Box::pin(probe_once(
+            probe_client,
+            &config.path,
+            config.timeout,
+            &config.unreachable_statuses,
+        ))
+        .await;
         // Boxed, as the probe: a recheck is rare, and its waits would
         // otherwise size every idle task.
-        if rotation_explains(&result) && Box::pin(rechecked(inner, shared, stop)).await {
+        if rotation_explains(&result) && Box::pin(rechecked(inner, shared)).await {
             // The files changed under the probe: this failure says nothing
             // of the remote. Probe again, now, with the new settings.
             next = Instant::now();
@@ -181,7 +175,7 @@ pub(super) fn rotation_explains(result: &ProbeResult) -> bool {
 
 /// Asks the [`Recheck`], if any, to re-read the probe's files, waiting at
 /// most [`RECHECK_WAIT`]; whether its settings changed meanwhile.
-pub(super) async fn rechecked(inner: &Inner, shared: &Shared, stop: &CancellationToken) -> bool {
+pub(super) async fn rechecked(inner: &Inner, shared: &Shared) -> bool {
     let Some(recheck) = inner.recheck.get() else {
         return false;
     };
@@ -190,16 +184,12 @@ pub(super) async fn rechecked(inner: &Inner, shared: &Shared, stop: &Cancellatio
         let names = state.names.iter().map(|s| s.name.clone()).collect();
         (state.config_generation, names)
     };
-    tokio::select! {
-        biased;
-        () = stop.cancelled() => return false,
-        _ = tokio::time::timeout(RECHECK_WAIT, recheck(names)) => {}
-    }
+    let _ = tokio::time::timeout(RECHECK_WAIT, recheck(names)).await;
     shared.lock().config_generation != generation
 }
 
-/// Builds a remote's probe client from `kube_config`: the client, the local
-/// error that kept it from being built, or `None` if stopped meanwhile.
+/// Builds a remote's probe client from `kube_config`: the client, or the
+/// local error that kept it from being built.
 ///
 /// Building runs the exec credential plugin, if any: off the async workers,
 /// under its own deadline. The loop is alive while it waits, and keeps its
@@ -207,10 +197,9 @@ pub(super) async fn rechecked(inner: &Inner, shared: &Shared, stop: &Cancellatio
 pub(super) async fn build(
     inner: &Inner,
     shared: &Shared,
-    stop: &CancellationToken,
     building: &mut Option<credentials::Pending<Result<ProbeClient>>>,
     kube_config: Arc<kube::Config>,
-) -> Option<Result<ProbeClient, ProbeResult>> {
+) -> Result<ProbeClient, ProbeResult> {
     let config = &inner.config;
     let auth = &kube_config.auth_info;
     let built = if auth.exec.is_none() && auth.auth_provider.is_none() {
@@ -226,17 +215,16 @@ pub(super) async fn build(
         loop {
             tokio::select! {
                 biased;
-                () = stop.cancelled() => return None,
                 built = &mut building_now => break built,
                 _ = beat.tick() => shared.lock().last_tick = Instant::now(),
             }
         }
     };
-    Some(match built {
+    match built {
         Ok(Ok(built)) => Ok(built),
         Ok(Err(err)) => Err(local_error(LocalKind::of(&err), root_cause(&err))),
         Err(err) => Err(local_error(LocalKind::of(&err), err.to_string())),
-    })
+    }
 }
 
 /// Applies one probe result: state, metrics, logs and transitions.
