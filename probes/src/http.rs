@@ -201,7 +201,13 @@ pub(crate) async fn exchange<S: Transport>(
 /// Reads the answer into `buf`.
 async fn answer<S: Transport>(stream: &mut S, buf: &mut Vec<u8>) -> Result<Answer, ExchangeError> {
     loop {
-        let head = match parse_head(buf).map_err(ExchangeError::Invalid)? {
+        // Nothing read yet is nothing to parse.
+        let parsed = if buf.is_empty() {
+            Parsed::Partial
+        } else {
+            parse_head(buf).map_err(ExchangeError::Invalid)?
+        };
+        let head = match parsed {
             Parsed::Head(head) => head,
             Parsed::TooLarge => return Ok(too_large()),
             Parsed::Partial if buf.len() >= MAX_HEAD => return Ok(too_large()),
