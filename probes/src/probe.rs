@@ -315,7 +315,10 @@ impl Direct {
                 return Ok(status);
             }
         }
-        let conn = self.connect().await?;
+        // Boxed: a new connection is rare, and its handshake inline would
+        // size every probe's future (1,680 bytes, not 1,008: see the test
+        // `a_probe_future_fits_the_allocator_cache`).
+        let conn = Box::pin(self.connect()).await?;
         self.send(conn, request).await
     }
 
