@@ -905,7 +905,7 @@ mod tests {
     /// A probe's future is boxed on every probe (so that the idle task stays
     /// small), and glibc's per-thread cache serves an allocation of at most
     /// 1,032 bytes at a fraction of what a larger one costs: 1,680 bytes
-    /// cost about 300 instructions a probe more (issue 43). A new connection
+    /// cost about 370 instructions a probe more (issue 43). A new connection
     /// is boxed apart, being rare; the kept one's path is what stays inline.
     #[test]
     fn a_probe_future_fits_the_allocator_cache() {
