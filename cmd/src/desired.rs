@@ -29,7 +29,7 @@ use tracing::{error, info};
 
 use crate::config::remote::{self, ResolvedRemote};
 use crate::config::{Config, Plan};
-use crate::discovery::Discovery;
+use crate::discovery::{Discovery, Found};
 use crate::lease::shard::ShardHandle;
 
 /// The static remotes as the daemon last read them, with the config they
@@ -53,7 +53,7 @@ pub struct Inputs {
     /// The config and its remotes.
     pub statics: Statics,
     /// The remotes discovery gives, after the static ones.
-    pub discovered: Vec<ResolvedRemote>,
+    pub discovered: Found,
     /// With sharding, the remotes this replica holds, by name.
     pub share: Option<BTreeSet<String>>,
     /// The home cluster, probed while discovery reads it.
@@ -126,7 +126,7 @@ impl Desired {
             .statics
             .remotes
             .iter()
-            .chain(&inputs.discovered)
+            .chain(inputs.discovered.values())
             .cloned()
             .collect();
         let keys = remote::keys(&all);
@@ -291,8 +291,12 @@ impl Planner {
         shard: Option<ShardHandle>,
     ) -> (Self, watch::Receiver<Arc<Desired>>) {
         let first = statics.borrow().clone();
+        let mut found = Found::new();
+        if let Some(discovery) = &discovery {
+            discovery.update(Some(&first.remotes), &mut found);
+        }
         let inputs = Inputs {
-            discovered: discovered(discovery.as_deref(), &first),
+            discovered: found,
             share: shard.as_ref().map(|s| s.holding().borrow().clone()),
             home: discovery.as_deref().map(Discovery::home),
             statics: first,
@@ -325,17 +329,26 @@ impl Planner {
                 () = stop.cancelled() => return,
                 Ok(()) = self.statics.changed() => {
                     self.inputs.statics = self.statics.borrow_and_update().clone();
-                    self.inputs.discovered = discovered(self.discovery.as_deref(), &self.inputs.statics);
+                    let statics = Arc::clone(&self.inputs.statics.remotes);
+                    self.take_found(Some(&statics));
                 }
                 Ok(()) = found.changed() => {
                     found.borrow_and_update();
-                    self.inputs.discovered = discovered(self.discovery.as_deref(), &self.inputs.statics);
+                    self.take_found(None);
                 }
                 Ok(()) = holding.changed() => {
                     self.inputs.share = Some(holding.borrow_and_update().clone());
                 }
             }
             self.publish();
+        }
+    }
+
+    /// Takes in what discovery learned, beside the static remotes (whose
+    /// names win) when they are new.
+    fn take_found(&mut self, statics: Option<&[ResolvedRemote]>) {
+        if let Some(discovery) = &self.discovery {
+            discovery.update(statics, &mut self.inputs.discovered);
         }
     }
 
@@ -382,11 +395,6 @@ impl Planner {
             shard.open_if_holding();
         }
     }
-}
-
-/// The remotes discovery gives beside `statics`' (whose names win).
-fn discovered(discovery: Option<&Discovery>, statics: &Statics) -> Vec<ResolvedRemote> {
-    discovery.map_or_else(Vec::new, |d| d.remotes(&statics.remotes))
 }
 
 /// Applies each value `desired` publishes with `apply`, until `stop`;
@@ -450,7 +458,7 @@ mod tests {
                 remotes: Arc::new(statics),
                 reading: 0,
             },
-            discovered: Vec::new(),
+            discovered: Found::new(),
             share: share.map(|s| s.iter().map(|n| (*n).to_owned()).collect()),
             home: None,
         }
@@ -502,7 +510,7 @@ mod tests {
             (change.rebuilt, change.ends_cycle, change.remotes),
             (1, None, Some(Cause::ConfigChanged))
         );
-        given.discovered = vec![remote("d", "d")];
+        given.discovered = Found::from([((0, "d".to_owned()), remote("d", "d"))]);
         let (third, change) = second.next(&given);
         assert_eq!(
             (change.added, change.ends_cycle, change.remotes),
@@ -565,7 +573,7 @@ mod tests {
             })
         );
         // A discovered remote outside the share changes nothing it runs.
-        given.discovered = vec![remote("z", "z")];
+        given.discovered = Found::from([((0, "z".to_owned()), remote("z", "z"))]);
         let (third, change) = second.next(&given);
         assert_eq!((change.ends_cycle, change.remotes), (None, None));
         assert_eq!(third.remotes, second.remotes);

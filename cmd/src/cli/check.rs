@@ -96,8 +96,9 @@ async fn discover(
             ExitCode::from(2)
         })?;
     discovery.first_lists(LIST_WAIT).await;
-    let found = discovery.remotes(remotes);
-    remotes.extend(found);
+    let mut found = crate::discovery::Found::new();
+    discovery.update(Some(remotes), &mut found);
+    remotes.extend(found.into_values());
     let sources = discovery.status();
     discovery.stop();
     Ok((sources, Some(discovery.home())))

@@ -132,14 +132,156 @@ impl std::fmt::Display for Holder<'_> {
     }
 }
 
-/// The merged set as last taken: what `/status` and the metrics show.
+/// Where a discovered remote comes from: its source's place in the config,
+/// and its Secret's name. The discovered remotes are kept in this order.
+pub type Place = (usize, String);
+
+/// The discovered remotes, by where they come from, as [`Discovery::update`]
+/// keeps them.
+pub type Found = BTreeMap<Place, ResolvedRemote>;
+
+/// What one source gives, as last taken in: what `/status` and the metrics
+/// show.
+#[derive(Debug, Default)]
+struct Given {
+    /// How many remotes it gives.
+    remotes: usize,
+    /// Its Secrets that are skipped (their own errors and names already
+    /// taken), by name.
+    skipped: BTreeMap<String, SkippedSecret>,
+    /// Whether its `tether_discovery_errors` series for its list (an
+    /// empty `secret`) is exported.
+    failing: bool,
+    /// The Secrets, as shown, whose `tether_discovery_errors` series are
+    /// exported.
+    exported: BTreeSet<String>,
+}
+
+/// The merged set as last taken in, kept so that a change costs work in
+/// proportion to what changed, not to the remotes.
 #[derive(Debug, Default)]
 struct Merged {
-    /// Per source: remotes given, and Secrets skipped (their own errors and
-    /// names already taken).
-    per_source: Vec<(usize, Vec<SkippedSecret>)>,
-    /// The `(source, secret)` series of `tether_discovery_errors` now.
-    exported: BTreeSet<(String, String)>,
+    /// The names no Secret may have: the home cluster's and the static
+    /// remotes'.
+    reserved: BTreeMap<String, Holder<'static>>,
+    /// Each name the Secrets give, and the Secrets that give it, in order:
+    /// the first has it unless it is reserved.
+    claims: BTreeMap<String, BTreeSet<Place>>,
+    /// The name each Secret gives.
+    claimed: BTreeMap<Place, String>,
+    /// Per source.
+    given: Vec<Given>,
+}
+
+impl Merged {
+    /// Takes in the static remotes' names (and the home cluster's), adding
+    /// to `names` those reserved now or no longer.
+    fn reserve(&mut self, statics: &[ResolvedRemote], names: &mut BTreeSet<String>) {
+        let mut now: BTreeMap<String, Holder<'static>> = statics
+            .iter()
+            .map(|r| (r.name.clone(), Holder::Static))
+            .collect();
+        now.insert(HOME.to_owned(), Holder::Home);
+        let before = std::mem::replace(&mut self.reserved, now);
+        names.extend(
+            before
+                .into_keys()
+                .filter(|n| !self.reserved.contains_key(n)),
+        );
+        names.extend(statics.iter().map(|r| r.name.clone()));
+    }
+
+    /// Takes in what the Secret at `place` gives now (`None`: it is gone):
+    /// its last claim withdrawn, its own error or its new claim recorded.
+    /// Adds to `names` the names it gave and gives.
+    fn read(
+        &mut self,
+        place: &Place,
+        outcome: Option<&Outcome>,
+        found: &mut Found,
+        names: &mut BTreeSet<String>,
+    ) {
+        let (index, secret) = place;
+        if let Some(name) = self.claimed.remove(place) {
+            if let Some(of) = self.claims.get_mut(&name) {
+                of.remove(place);
+                if of.is_empty() {
+                    self.claims.remove(&name);
+                }
+            }
+            if found.remove(place).is_some() {
+                self.given[*index].remotes -= 1;
+            }
+            names.insert(name);
+        }
+        let skipped = &mut self.given[*index].skipped;
+        skipped.remove(secret);
+        match outcome {
+            None | Some(Outcome::Ignored) => {}
+            Some(Outcome::Skipped(why)) => {
+                let why = SkippedSecret {
+                    secret: shown(secret),
+                    skipped: why.clone(),
+                };
+                skipped.insert(secret.clone(), why);
+            }
+            Some(Outcome::Found(remote)) => {
+                self.claimed.insert(place.clone(), remote.name.clone());
+                let of = self.claims.entry(remote.name.clone()).or_default();
+                of.insert(place.clone());
+                names.insert(remote.name.clone());
+            }
+        }
+    }
+
+    /// Gives `name` to its holder: the home cluster, a static remote, or
+    /// the first Secret that claims it. Every other claim is an error on
+    /// its Secret. Adds the claims' places to `places`.
+    fn settle(
+        &mut self,
+        name: &str,
+        sources: &[Arc<Source>],
+        known: &[std::sync::MutexGuard<'_, Known>],
+        found: &mut Found,
+        places: &mut BTreeSet<Place>,
+    ) {
+        let Some(of) = self.claims.get(name) else {
+            return;
+        };
+        let reserved = self.reserved.get(name).copied();
+        let Some(first) = of.first() else { return };
+        let holder = reserved.unwrap_or(Holder::Secret {
+            namespace: &sources[first.0].spec.namespace,
+            secret: &first.1,
+        });
+        for place in of {
+            let Some(Outcome::Found(remote)) =
+                known[place.0].secrets.get(&place.1).map(|e| &e.outcome)
+            else {
+                continue;
+            };
+            let given = &mut self.given[place.0];
+            if reserved.is_none() && place == first {
+                given.skipped.remove(&place.1);
+                if found.insert(place.clone(), remote.clone()).is_none() {
+                    given.remotes += 1;
+                }
+            } else {
+                if found.remove(place).is_some() {
+                    given.remotes -= 1;
+                }
+                let why = SkippedSecret {
+                    secret: shown(&place.1),
+                    skipped: Skipped {
+                        field: "name".to_owned(),
+                        message: format!("{name:?} is already the name of {holder}"),
+                    },
+                };
+                given.skipped.insert(place.1.clone(), why);
+            }
+            places.insert(place.clone());
+        }
+    }
 }
 
 /// The running discovery: one reflector per source on one home cluster.
@@ -263,85 +405,73 @@ impl Discovery {
         self.home.clone()
     }
 
-    /// The discovered remotes, sources in config order and each source's
-    /// in Secret name order. A name that tether reserves (the home
-    /// cluster's), a static remote (of `taken`) or an earlier Secret already
-    /// has is an error on the later Secret alone. The metrics and the
-    /// status follow.
-    pub fn remotes(&self, taken: &[ResolvedRemote]) -> Vec<ResolvedRemote> {
-        let known: Vec<_> = self.sources.iter().map(|s| lock(&s.known)).collect();
-        let mut holders: BTreeMap<&str, Holder<'_>> = taken
-            .iter()
-            .map(|r| (r.name.as_str(), Holder::Static))
-            .collect();
-        holders.insert(HOME, Holder::Home);
-        let mut remotes = Vec::new();
-        let mut per_source = Vec::with_capacity(self.sources.len());
-        for (source, known) in self.sources.iter().zip(&known) {
-            let mut given = 0;
-            let mut skipped = Vec::new();
-            for (secret, entry) in &known.secrets {
-                match &entry.outcome {
-                    Outcome::Ignored => {}
-                    Outcome::Skipped(why) => skipped.push(SkippedSecret {
-                        secret: shown(secret),
-                        skipped: why.clone(),
-                    }),
-                    Outcome::Found(remote) => {
-                        if let Some(holder) = holders.get(remote.name.as_str()) {
-                            skipped.push(SkippedSecret {
-                                secret: shown(secret),
-                                skipped: Skipped {
-                                    field: "name".to_owned(),
-                                    message: format!(
-                                        "{:?} is already the name of {holder}",
-                                        remote.name
-                                    ),
-                                },
-                            });
-                            continue;
-                        }
-                        let namespace = source.spec.namespace.as_str();
-                        holders.insert(&remote.name, Holder::Secret { namespace, secret });
-                        remotes.push(remote.clone());
-                        given += 1;
-                    }
+    /// Brings `found` up to date with what the sources learned since the
+    /// last call, and with `statics` (the static remotes), when they are
+    /// new: the first call, and each reload. `found` is the map that only
+    /// these calls change; each call costs work in proportion to the
+    /// Secrets that changed (and to the static remotes, when they are new),
+    /// not to the remotes.
+    ///
+    /// Sources are in config order, and each source's Secrets in name
+    /// order. A name that tether reserves (the home cluster's), a static
+    /// remote or an earlier Secret already has is an error on the later
+    /// Secret alone. The metrics and the status follow.
+    pub fn update(&self, statics: Option<&[ResolvedRemote]>, found: &mut Found) {
+        let mut known: Vec<_> = self.sources.iter().map(|s| lock(&s.known)).collect();
+        let mut merged = lock(&self.merged);
+        merged.given.resize_with(self.sources.len(), Given::default);
+        // The names whose holder may have changed, and the Secrets whose
+        // error series may have.
+        let mut names: BTreeSet<String> = BTreeSet::new();
+        let mut places: BTreeSet<Place> = BTreeSet::new();
+        if let Some(statics) = statics {
+            merged.reserve(statics, &mut names);
+        }
+        for (index, known) in known.iter_mut().enumerate() {
+            for secret in std::mem::take(&mut known.touched) {
+                let place = (index, secret);
+                let outcome = known.secrets.get(&place.1).map(|e| &e.outcome);
+                merged.read(&place, outcome, found, &mut names);
+                places.insert(place);
+            }
+        }
+        for name in &names {
+            merged.settle(name, &self.sources, &known, found, &mut places);
+        }
+        for (index, (source, known)) in self.sources.iter().zip(&known).enumerate() {
+            let label = source.spec.label();
+            let given = &mut merged.given[index];
+            self.found
+                .with_label_values(&[&label])
+                .set(i64::try_from(given.remotes).unwrap_or(i64::MAX));
+            let failing = known.failing.is_some();
+            if failing != given.failing {
+                given.failing = failing;
+                self.export(&label, "", failing);
+            }
+            for (_, secret) in places.range((index, String::new())..(index + 1, String::new())) {
+                let shown = shown(secret);
+                if given.skipped.contains_key(secret) {
+                    self.export(&label, &shown, true);
+                    given.exported.insert(shown);
+                } else if given.exported.contains(&shown)
+                    // Two names a hostile home cluster sends may show alike.
+                    && !given.skipped.values().any(|k| k.secret == shown)
+                {
+                    self.export(&label, &shown, false);
+                    given.exported.remove(&shown);
                 }
             }
-            self.found
-                .with_label_values(&[&source.spec.label()])
-                .set(given);
-            per_source.push((usize::try_from(given).unwrap_or(0), skipped));
         }
-        drop(holders);
-        drop(known);
-        self.export_errors(&per_source);
-        lock(&self.merged).per_source = per_source;
-        remotes
     }
 
-    /// `tether_discovery_errors`: a series for each Secret skipped now,
-    /// one with an empty `secret` for each source that cannot list or
-    /// watch now, and none for those fixed or gone.
-    fn export_errors(&self, per_source: &[(usize, Vec<SkippedSecret>)]) {
-        let mut now = BTreeSet::new();
-        for (source, (_, skipped)) in self.sources.iter().zip(per_source) {
-            let label = source.spec.label();
-            if lock(&source.known).failing.is_some() {
-                now.insert((label.clone(), String::new()));
-            }
-            for s in skipped {
-                now.insert((label.clone(), s.secret.clone()));
-            }
-        }
-        let mut merged = lock(&self.merged);
-        for (source, secret) in merged.exported.difference(&now) {
+    /// Sets `tether_discovery_errors{source, secret}` to 1, or removes it.
+    fn export(&self, source: &str, secret: &str, error: bool) {
+        if error {
+            self.errors.with_label_values(&[source, secret]).set(1);
+        } else {
             let _ = self.errors.remove_label_values(&[source, secret]);
         }
-        for (source, secret) in &now {
-            self.errors.with_label_values(&[source, secret]).set(1);
-        }
-        merged.exported = now;
     }
 
     /// Each source as `/status` shows it.
@@ -353,7 +483,9 @@ impl Discovery {
             .enumerate()
             .map(|(i, source)| {
                 let known = lock(&source.known);
-                let (remotes, skipped) = merged.per_source.get(i).cloned().unwrap_or_default();
+                let (remotes, skipped) = merged.given.get(i).map_or_else(Default::default, |g| {
+                    (g.remotes, g.skipped.values().cloned().collect())
+                });
                 SourceStatus {
                     source: source.spec.label(),
                     selector: source.spec.selector(),
@@ -385,23 +517,32 @@ mod tests {
             .expect("a server to probe")
     }
 
-    /// A discovery of one source that knows `secrets`, as its reflector
-    /// would have them.
-    fn knowing(secrets: Vec<(&str, Outcome)>) -> Discovery {
-        let spec = DiscoverySpec {
-            namespace: "fleet".to_owned(),
-            format: SecretFormat::Kubeconfig,
-            label_selector: None,
-            required: true,
-            kubeconfig: None,
-        };
+    /// A discovery of a source in each of `namespaces`, knowing nothing.
+    fn sources_in(namespaces: &[&str]) -> Discovery {
+        let specs: Vec<DiscoverySpec> = namespaces
+            .iter()
+            .map(|namespace| DiscoverySpec {
+                namespace: (*namespace).to_owned(),
+                format: SecretFormat::Kubeconfig,
+                label_selector: None,
+                required: true,
+                kubeconfig: None,
+            })
+            .collect();
         let home = Remote::new(
             HOME.to_owned(),
             Arc::new(kube::Config::new(
                 "https://home:6443".parse().expect("a URL"),
             )),
         );
-        let (discovery, _) = Discovery::new(&[spec], home, &Registry::new()).expect("discovery");
+        let (discovery, _) = Discovery::new(&specs, home, &Registry::new()).expect("discovery");
+        discovery
+    }
+
+    /// A discovery of one source that knows `secrets`, as its reflector
+    /// would have them.
+    fn knowing(secrets: Vec<(&str, Outcome)>) -> Discovery {
+        let discovery = sources_in(&["fleet"]);
         {
             let mut known = lock(&discovery.sources[0].known);
             known.listed = true;
@@ -409,6 +550,7 @@ mod tests {
                 known
                     .secrets
                     .insert(name.to_owned(), source::Entry::of(outcome));
+                known.touched.insert(name.to_owned());
             }
         }
         discovery
@@ -423,11 +565,9 @@ mod tests {
             ("s", Outcome::Found(remote("s"))),
         ]);
         let taken = [remote("s")];
-        let found: Vec<String> = discovery
-            .remotes(&taken)
-            .into_iter()
-            .map(|r| r.name)
-            .collect();
+        let mut found = Found::new();
+        discovery.update(Some(&taken), &mut found);
+        let found: Vec<String> = found.into_values().map(|r| r.name).collect();
         assert_eq!(found, ["edge-1"]);
         let status = discovery.status();
         let skipped: Vec<(&str, &str, &str)> = status[0]
@@ -469,7 +609,7 @@ mod tests {
                 message: "is missing".to_owned(),
             }),
         )]);
-        discovery.remotes(&[]);
+        discovery.update(Some(&[]), &mut Found::new());
         let shown = &discovery.status()[0].skipped[0].secret;
         assert!(!shown.chars().any(char::is_control), "{shown:?}");
         assert!(shown.contains("\\u{1b}"), "{shown:?}");
@@ -485,7 +625,8 @@ mod tests {
         let discovery = knowing(Vec::new());
         lock(&discovery.sources[0].known).failing =
             Some(("no answer within 30s".to_owned(), SystemTime::now()));
-        discovery.remotes(&[]);
+        let mut found = Found::new();
+        discovery.update(Some(&[]), &mut found);
         let failing = || {
             discovery
                 .errors
@@ -494,11 +635,210 @@ mod tests {
         };
         assert_eq!(failing().ok(), Some(1));
         lock(&discovery.sources[0].known).failing = None;
-        discovery.remotes(&[]);
+        discovery.update(None, &mut found);
         let exported = prometheus::core::Collector::collect(&discovery.errors);
         assert!(
             exported.iter().all(|family| family.get_metric().is_empty()),
             "the series went: {exported:?}"
         );
+    }
+
+    /// What [`Discovery::update`] must give, worked out from every Secret
+    /// at once: the winners by place (name and generation), each source's
+    /// count and skipped Secrets (name, field, message), and the error
+    /// series.
+    type Whole = (
+        BTreeMap<Place, (String, u64)>,
+        Status,
+        BTreeSet<(String, String)>,
+    );
+
+    /// Each source's count of remotes and its skipped Secrets (name,
+    /// field, message).
+    type Status = Vec<(usize, Vec<(String, String, String)>)>;
+
+    /// What a Secret gives, in [`Step::Put`].
+    #[derive(Debug, Clone, Copy)]
+    enum Gives {
+        /// A remote of this name, of a few: 4 is the home cluster's.
+        Remote(usize),
+        /// An error.
+        Error,
+        /// Nothing.
+        Nothing,
+    }
+
+    fn whole(discovery: &Discovery, statics: &BTreeSet<String>) -> Whole {
+        let mut holders: BTreeMap<String, String> = statics
+            .iter()
+            .map(|n| (n.clone(), "a static remote".to_owned()))
+            .collect();
+        holders.insert(HOME.to_owned(), "the home cluster".to_owned());
+        let mut found = BTreeMap::new();
+        let mut per_source = Vec::new();
+        let mut series = BTreeSet::new();
+        for (index, source) in discovery.sources.iter().enumerate() {
+            let known = lock(&source.known);
+            let label = source.spec.label();
+            if known.failing.is_some() {
+                series.insert((label.clone(), String::new()));
+            }
+            let (mut given, mut skipped) = (0, Vec::new());
+            for (secret, entry) in &known.secrets {
+                match &entry.outcome {
+                    Outcome::Ignored => {}
+                    Outcome::Skipped(why) => {
+                        skipped.push((secret.clone(), why.field.clone(), why.message.clone()));
+                    }
+                    Outcome::Found(remote) => {
+                        if let Some(holder) = holders.get(&remote.name) {
+                            let message =
+                                format!("{:?} is already the name of {holder}", remote.name);
+                            skipped.push((secret.clone(), "name".to_owned(), message));
+                        } else {
+                            let holder = format!("Secret {}/{secret}", source.spec.namespace);
+                            holders.insert(remote.name.clone(), holder);
+                            found.insert(
+                                (index, secret.clone()),
+                                (remote.name.clone(), remote.generation),
+                            );
+                            given += 1;
+                        }
+                    }
+                }
+            }
+            series.extend(
+                skipped
+                    .iter()
+                    .map(|(secret, ..)| (label.clone(), secret.clone())),
+            );
+            per_source.push((given, skipped));
+        }
+        (found, per_source, series)
+    }
+
+    /// One step of what the sources and the daemon may do.
+    #[derive(Debug, Clone)]
+    enum Step {
+        /// A Secret read (anew): a remote (of a few names, the home
+        /// cluster's and the static remotes' among them), an error, or
+        /// nothing.
+        Put(usize, usize, Gives),
+        /// A Secret gone.
+        Delete(usize, usize),
+        /// A reload: the static remotes' names now.
+        Statics(BTreeSet<usize>),
+        /// A source's list fails, or works again.
+        Failing(usize, bool),
+        /// The discovery takes in what changed.
+        Update,
+    }
+
+    fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+        use proptest::prelude::*;
+        prop_oneof![
+            6 => (0usize..2, 0usize..5, prop_oneof![
+                4 => (0usize..5).prop_map(Gives::Remote),
+                1 => Just(Gives::Error),
+                1 => Just(Gives::Nothing),
+            ]).prop_map(|(s, k, g)| Step::Put(s, k, g)),
+            2 => (0usize..2, 0usize..5).prop_map(|(s, k)| Step::Delete(s, k)),
+            1 => proptest::collection::btree_set(0usize..5, 0..3).prop_map(Step::Statics),
+            1 => (0usize..2, any::<bool>()).prop_map(|(s, f)| Step::Failing(s, f)),
+            4 => Just(Step::Update),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Whatever the sources learn, in whatever batches, the set kept
+        /// up to date change by change is the set worked out whole: the
+        /// remotes, who has each name, the status and the error series.
+        #[test]
+        fn the_set_kept_change_by_change_is_the_set_worked_out_whole(
+            steps in proptest::collection::vec(step(), 1..60)
+        ) {
+            // Name 4 is the home cluster's.
+            let name = |n: usize| if n == 4 { HOME.to_owned() } else { format!("n{n}") };
+            let discovery = sources_in(&["a", "b"]);
+            let mut found = Found::new();
+            let mut statics: BTreeSet<String> = BTreeSet::new();
+            let mut reload: Option<Vec<ResolvedRemote>> = Some(Vec::new());
+            for step in steps.into_iter().chain([Step::Update]) {
+                match step {
+                    Step::Put(source, secret, outcome) => {
+                        let outcome = match outcome {
+                            Gives::Nothing => Outcome::Ignored,
+                            Gives::Error => Outcome::Skipped(Skipped {
+                                field: "data.kubeconfig".to_owned(),
+                                message: "is missing".to_owned(),
+                            }),
+                            Gives::Remote(n) => Outcome::Found(remote(&name(n))),
+                        };
+                        let secret = format!("x{secret}");
+                        let mut known = lock(&discovery.sources[source].known);
+                        known.secrets.insert(secret.clone(), source::Entry::of(outcome));
+                        known.touched.insert(secret);
+                    }
+                    Step::Delete(source, secret) => {
+                        let secret = format!("x{secret}");
+                        let mut known = lock(&discovery.sources[source].known);
+                        if known.secrets.remove(&secret).is_some() {
+                            known.touched.insert(secret);
+                        }
+                    }
+                    Step::Statics(names) => {
+                        statics = names.into_iter().map(name).filter(|n| n != HOME).collect();
+                        reload = Some(statics.iter().map(|n| remote(n)).collect());
+                    }
+                    Step::Failing(source, failing) => {
+                        lock(&discovery.sources[source].known).failing =
+                            failing.then(|| ("no answer".to_owned(), SystemTime::now()));
+                    }
+                    Step::Update => {
+                        discovery.update(reload.take().as_deref(), &mut found);
+                        let (winners, per_source, series) = whole(&discovery, &statics);
+                        let kept: BTreeMap<Place, (String, u64)> = found
+                            .iter()
+                            .map(|(place, r)| (place.clone(), (r.name.clone(), r.generation)))
+                            .collect();
+                        proptest::prop_assert_eq!(kept, winners);
+                        let status: Status = discovery
+                            .status()
+                            .into_iter()
+                            .map(|s| {
+                                let skipped = s.skipped.into_iter().map(|k| {
+                                    (k.secret, k.skipped.field, k.skipped.message)
+                                });
+                                (s.remotes, skipped.collect())
+                            })
+                            .collect();
+                        proptest::prop_assert_eq!(&status, &per_source);
+                        let exported: BTreeSet<(String, String)> =
+                            prometheus::core::Collector::collect(&discovery.errors)
+                                .iter()
+                                .flat_map(prometheus::proto::MetricFamily::get_metric)
+                                .map(|m| {
+                                    let label = |n: &str| {
+                                        m.get_label().iter().find(|l| l.name() == n)
+                                            .map(|l| l.value().to_owned()).unwrap_or_default()
+                                    };
+                                    (label("source"), label("secret"))
+                                })
+                                .collect();
+                        proptest::prop_assert_eq!(exported, series);
+                        for (index, source) in discovery.sources.iter().enumerate() {
+                            let gauge = discovery
+                                .found
+                                .get_metric_with_label_values(&[&source.spec.label()])
+                                .map(|g| g.get());
+                            proptest::prop_assert_eq!(
+                                gauge.ok(),
+                                Some(i64::try_from(per_source[index].0).unwrap_or(-1))
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 }

@@ -1,7 +1,7 @@
 //! One source's reflector: its Secrets listed, then watched (with
 //! bookmarks), each read as a cluster once per change of its data.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -112,6 +112,9 @@ pub(super) struct Known {
     pub(super) listed_at: Option<SystemTime>,
     /// Its Secrets by name, in name order.
     pub(super) secrets: BTreeMap<String, Entry>,
+    /// The Secrets whose outcome may have changed since the discovery last
+    /// took them in (added, read anew, or gone): what a change costs it.
+    pub(super) touched: BTreeSet<String>,
     /// Why its list or watch fails, and since when; `None` while it works.
     pub(super) failing: Option<(String, SystemTime)>,
 }
@@ -149,6 +152,18 @@ fn digest(secret: &Secret) -> Vec<u8> {
         add(&value.0);
     }
     context.finish().as_ref().to_vec()
+}
+
+/// The Secrets a new list changes from `before`: those gone, those new, and
+/// those read anew (another digest). A list is whole, so this is the one
+/// place a change costs work in proportion to the Secrets.
+fn relisted(before: &BTreeMap<String, Entry>, now: &BTreeMap<String, Entry>) -> Vec<String> {
+    let gone = before.keys().filter(|name| !now.contains_key(*name));
+    let changed = now
+        .iter()
+        .filter(|(name, entry)| before.get(*name).is_none_or(|b| b.digest != entry.digest))
+        .map(|(name, _)| name);
+    gone.chain(changed).cloned().collect()
 }
 
 impl Source {
@@ -192,6 +207,38 @@ impl Source {
             );
         }
         Entry { digest, outcome }
+    }
+
+    /// Takes in `secret`, added or changed; whether what the source knows
+    /// changed. A Secret whose data did not (another label, a resync)
+    /// changes nothing downstream.
+    async fn apply(&self, secret: &Secret) -> bool {
+        let Some(name) = secret.metadata.name.clone() else {
+            return false;
+        };
+        let last = lock(&self.known).secrets.get(&name).cloned();
+        let read_before = last.as_ref().map(|e| e.digest.clone());
+        let entry = self.read(secret, last).await;
+        if read_before.as_ref() == Some(&entry.digest) {
+            return false;
+        }
+        let mut known = lock(&self.known);
+        known.secrets.insert(name.clone(), entry);
+        known.touched.insert(name);
+        true
+    }
+
+    /// Forgets `secret`, deleted; whether the source knew it.
+    fn delete(&self, secret: &Secret) -> bool {
+        let Some(name) = &secret.metadata.name else {
+            return false;
+        };
+        let mut known = lock(&self.known);
+        let knew = known.secrets.remove(name).is_some();
+        if knew {
+            known.touched.insert(name.clone());
+        }
+        knew
     }
 
     /// Lists and watches the source's Secrets with `client` until `stop`,
@@ -250,6 +297,8 @@ impl Source {
                         let count = secrets.len();
                         {
                             let mut known = lock(&self.known);
+                            let touched = relisted(&known.secrets, &secrets);
+                            known.touched.extend(touched);
                             known.secrets = secrets;
                             known.listed = true;
                             known.listed_at = Some(SystemTime::now());
@@ -258,18 +307,12 @@ impl Source {
                         changed.send_modify(|n| *n += 1);
                     }
                     watcher::Event::Apply(secret) => {
-                        let Some(name) = secret.metadata.name.clone() else {
-                            continue;
-                        };
-                        let last = lock(&self.known).secrets.get(&name).cloned();
-                        let entry = self.read(&secret, last).await;
-                        lock(&self.known).secrets.insert(name, entry);
-                        changed.send_modify(|n| *n += 1);
+                        if self.apply(&secret).await {
+                            changed.send_modify(|n| *n += 1);
+                        }
                     }
                     watcher::Event::Delete(secret) => {
-                        if let Some(name) = &secret.metadata.name
-                            && lock(&self.known).secrets.remove(name).is_some()
-                        {
+                        if self.delete(&secret) {
                             changed.send_modify(|n| *n += 1);
                         }
                     }
@@ -373,5 +416,26 @@ mod tests {
             digest(&secret(&[(cluster, "b")], b"one")),
             "the cluster's name"
         );
+    }
+
+    #[test]
+    fn a_new_list_touches_the_secrets_gone_new_and_read_anew_alone() {
+        let entry = |digest: &[u8]| Entry {
+            digest: digest.to_vec(),
+            outcome: Outcome::Ignored,
+        };
+        let before = BTreeMap::from([
+            ("kept".to_owned(), entry(b"1")),
+            ("gone".to_owned(), entry(b"2")),
+            ("rotated".to_owned(), entry(b"3")),
+        ]);
+        let now = BTreeMap::from([
+            ("kept".to_owned(), entry(b"1")),
+            ("rotated".to_owned(), entry(b"4")),
+            ("new".to_owned(), entry(b"5")),
+        ]);
+        let mut touched = relisted(&before, &now);
+        touched.sort();
+        assert_eq!(touched, ["gone", "new", "rotated"]);
     }
 }
