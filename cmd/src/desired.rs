@@ -67,6 +67,10 @@ pub struct Desired {
     pub revision: u64,
     /// What the probes probe: the plan's remotes, and the home cluster.
     pub probes: Vec<tether_probes::Remote>,
+    /// What the probes probe that differs from the value before this one
+    /// (`revision - 1`), by name: a remote now, or `None`, gone. A
+    /// follower that applied that value applies this alone.
+    pub probes_changed: Arc<Vec<(String, Option<tether_probes::Remote>)>>,
     /// What the manager runs.
     pub plan: Arc<Plan>,
     /// Every remote, this replica's or not, by name, with its sharding key.
@@ -90,7 +94,7 @@ pub struct Desired {
 }
 
 /// What one value changed from the one before.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[derive(Debug, Default, Clone)]
 pub struct Change {
     /// Remotes probed now that were not.
     pub added: usize,
@@ -102,13 +106,15 @@ pub struct Change {
     pub ends_cycle: Option<Cause>,
     /// Why, if the remotes the manager runs changed, one by one.
     pub remotes: Option<Cause>,
+    /// The probes added, gone or rebuilt, by name.
+    pub probes: Vec<(String, Option<tether_probes::Remote>)>,
 }
 
 impl Change {
     /// Whether nothing changed at all.
     #[must_use]
     pub fn is_none(&self) -> bool {
-        *self == Self::default()
+        self.probes.is_empty() && self.ends_cycle.is_none() && self.remotes.is_none()
     }
 }
 
@@ -142,6 +148,7 @@ impl Desired {
         Self {
             revision: 1,
             probes,
+            probes_changed: Arc::default(),
             plan: Arc::new(Plan::new(&inputs.statics.config, running)),
             keys,
             share: inputs.share.clone(),
@@ -159,7 +166,7 @@ impl Desired {
     #[must_use]
     pub fn next(&self, inputs: &Inputs) -> (Self, Change) {
         let mut next = Self::from(inputs);
-        let change = self.change_to(&next);
+        let mut change = self.change_to(&next);
         if change.is_none()
             && self.keys == next.keys
             && self.share == next.share
@@ -168,6 +175,7 @@ impl Desired {
             return (self.clone(), change);
         }
         next.revision = self.revision + 1;
+        next.probes_changed = Arc::new(std::mem::take(&mut change.probes));
         (next.manager, next.cause) = match &change.ends_cycle {
             Some(cause) => (self.manager + 1, Some(cause.clone())),
             None => (self.manager, self.cause.clone()),
@@ -185,16 +193,19 @@ impl Desired {
             self.probes.iter().map(|p| (p.name.as_str(), p)).collect();
         let now: BTreeMap<&str, &tether_probes::Remote> =
             next.probes.iter().map(|p| (p.name.as_str(), p)).collect();
-        let added = now.keys().filter(|n| !before.contains_key(*n)).count();
-        let removed = before.keys().filter(|n| !now.contains_key(*n)).count();
-        let rebuilt = now
-            .iter()
-            .filter(|(n, p)| {
-                before
-                    .get(*n)
-                    .is_some_and(|b| !Arc::ptr_eq(&b.config, &p.config))
-            })
-            .count();
+        let mut probes: Vec<(String, Option<tether_probes::Remote>)> = Vec::new();
+        let (mut added, mut rebuilt) = (0, 0);
+        for (name, probe) in &now {
+            match before.get(name) {
+                None => added += 1,
+                Some(b) if !Arc::ptr_eq(&b.config, &probe.config) => rebuilt += 1,
+                Some(_) => continue,
+            }
+            probes.push(((*name).to_owned(), Some((*probe).clone())));
+        }
+        let gone = before.keys().filter(|n| !now.contains_key(*n));
+        probes.extend(gone.map(|n| ((*n).to_owned(), None)));
+        let removed = probes.len() - added - rebuilt;
         let runs: BTreeMap<&str, (bool, u64)> = self.plan.remotes.iter().map(run_key).collect();
         let will: BTreeMap<&str, (bool, u64)> = next.plan.remotes.iter().map(run_key).collect();
         // Whether a remote is required decides what its loss costs, which
@@ -223,6 +234,7 @@ impl Desired {
             rebuilt,
             ends_cycle,
             remotes,
+            probes,
         }
     }
 
@@ -398,17 +410,20 @@ impl Planner {
 }
 
 /// Applies each value `desired` publishes with `apply`, until `stop`;
-/// `followed` holds the revision last applied.
+/// `followed` holds the revision last applied. `apply` is given the value
+/// it last applied whole, if it did, and says whether it applied this one.
 pub(crate) async fn follow(
     mut desired: watch::Receiver<Arc<Desired>>,
-    apply: impl Fn(&Desired) + Send,
+    apply: impl Fn(&Desired, Option<&Desired>) -> bool + Send,
     followed: watch::Sender<u64>,
     stop: CancellationToken,
 ) {
+    let mut last: Option<Arc<Desired>> = None;
     loop {
         let now = Arc::clone(&desired.borrow_and_update());
-        apply(&now);
+        let applied = apply(&now, last.as_deref());
         followed.send_replace(now.revision);
+        last = applied.then_some(now);
         tokio::select! {
             () = stop.cancelled() => return,
             changed = desired.changed() => if changed.is_err() { return },
@@ -416,13 +431,30 @@ pub(crate) async fn follow(
     }
 }
 
-/// Keeps `probes` probing what a value says.
-pub(crate) fn probe(probes: &tether_probes::ProbeSet, desired: &Desired) {
-    if let Err(err) = probes.sync(&desired.probes) {
+/// Keeps `probes` probing what a value says: what changed alone, when they
+/// follow the value just before it (`last`), else every remote. Whether
+/// they took it in.
+pub(crate) fn probe(
+    probes: &tether_probes::ProbeSet,
+    desired: &Desired,
+    last: Option<&Desired>,
+) -> bool {
+    let applied = match last {
+        Some(last) if last.revision + 1 == desired.revision => probes.update(
+            desired
+                .probes_changed
+                .iter()
+                .map(|(name, remote)| (name.as_str(), remote.as_ref())),
+        ),
+        _ => probes.sync(&desired.probes),
+    };
+    if let Err(err) = &applied {
         // The names and URLs were checked when they were read; if this
-        // failed anyway, the probes keep what they had.
+        // failed anyway, the probes keep what they had, and the next
+        // value is applied whole.
         error!(error = %err, "applying the remotes to the probes failed; they keep what they had");
     }
+    applied.is_ok()
 }
 
 #[cfg(test)]
@@ -518,6 +550,35 @@ mod tests {
         );
         assert_eq!(third.manager, first.manager);
         assert_eq!(third.remotes, first.remotes + 2);
+    }
+
+    #[test]
+    fn each_value_names_the_probes_it_changed_from_the_one_before() {
+        let changed = |d: &Desired| -> Vec<(String, bool)> {
+            d.probes_changed
+                .iter()
+                .map(|(name, remote)| (name.clone(), remote.is_some()))
+                .collect()
+        };
+        let mut given = inputs(vec![remote("a", "a"), remote("b", "b")], None);
+        let first = Desired::from(&given);
+        given.statics.config = Arc::clone(&first.config);
+        given.discovered = Found::from([((0, "d".to_owned()), remote("d", "d"))]);
+        let (second, _) = first.next(&given);
+        assert_eq!(changed(&second), [("d".to_owned(), true)]);
+        // b read anew (a new config), d gone; a is left out.
+        given.statics.remotes = Arc::new(vec![given.statics.remotes[0].clone(), remote("b", "b")]);
+        given.discovered = Found::new();
+        let (third, change) = second.next(&given);
+        assert_eq!(
+            changed(&third),
+            [("b".to_owned(), true), ("d".to_owned(), false)]
+        );
+        assert_eq!((change.added, change.removed, change.rebuilt), (0, 1, 1));
+        // Nothing changed: the same value, whose changes are its own.
+        let (again, change) = third.next(&given);
+        assert!(change.is_none());
+        assert_eq!(again.revision, third.revision);
     }
 
     #[test]

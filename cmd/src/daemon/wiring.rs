@@ -170,13 +170,16 @@ impl Followers {
             tokio::spawn(planner.run(stop.clone())),
             tokio::spawn(desired::follow(
                 desired.clone(),
-                move |d| desired::probe(&probes, d),
+                move |d, last| desired::probe(&probes, d, last),
                 probes_at,
                 stop.clone(),
             )),
             tokio::spawn(desired::follow(
                 desired.clone(),
-                move |d| manager.follow(d),
+                move |d, _| {
+                    manager.follow(d);
+                    true
+                },
                 manager_at,
                 stop.clone(),
             )),

@@ -39,7 +39,7 @@ mod pace;
 mod run;
 mod text;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -138,6 +138,8 @@ pub struct RemoteStatus {
 struct ProbeState {
     /// The configured names sharing this probe, with their own series.
     names: Vec<Series>,
+    /// The identity it probes now: its key in [`Probes::by_identity`].
+    identity: Arc<Identity>,
     config: Arc<kube::Config>,
     config_generation: u64,
     tracker: Tracker,
@@ -163,11 +165,17 @@ struct Shared {
 
 impl Shared {
     /// A remote not probed yet.
-    fn new(host: String, names: Vec<String>, config: Arc<kube::Config>, tracker: Tracker) -> Self {
+    fn new(
+        identity: Arc<Identity>,
+        names: Vec<String>,
+        config: Arc<kube::Config>,
+        tracker: Tracker,
+    ) -> Self {
         Self {
-            host,
+            host: identity.host().to_owned(),
             state: Mutex::new(ProbeState {
                 names: names.into_iter().map(Series::new).collect(),
+                identity,
                 config,
                 config_generation: 0,
                 tracker,
@@ -364,123 +372,205 @@ impl ProbeSet {
     ///
     /// Must be called within a tokio runtime, which runs the probe tasks.
     pub fn sync(&self, remotes: &[Remote]) -> Result<()> {
-        let mut wanted: BTreeMap<Arc<Identity>, Vec<&Remote>> = BTreeMap::new();
-        let mut seen = std::collections::BTreeSet::new();
-        for remote in remotes {
-            if !seen.insert(remote.name.as_str()) {
-                return Err(Error::DuplicateName(remote.name.clone()));
-            }
-            wanted.entry(remote.identity()?).or_default().push(remote);
-        }
+        let wanted = grouped(remotes)?;
+        let mut probes = self.inner.probes();
+        apply(&self.inner, &mut probes, wanted, None, remotes);
+        Ok(())
+    }
 
-        let inner = &self.inner;
-        let mut guard = inner.probes();
-        let Probes {
-            by_identity: probes,
-            by_name,
-        } = &mut *guard;
-        // Identities no longer wanted. A probe whose names stay, on the same
-        // host, under new settings (a rotated CA, certificate or token)
-        // moves to its new identity below: its state and series stay, and
-        // its client is rebuilt.
-        let mut retired: Vec<Probe> = Vec::new();
-        let gone: Vec<Arc<Identity>> = probes
+    /// Makes the running probes follow the names of `changed` alone: each
+    /// name's remote now, or `None` if it is no longer probed. Every other
+    /// name keeps its probe. It works as [`sync`](Self::sync) does, over
+    /// the probes those names had or join, so that it costs work in
+    /// proportion to the names changed, not to the probes.
+    ///
+    /// # Errors
+    ///
+    /// As [`sync`](Self::sync): nothing changes then.
+    ///
+    /// # Panics
+    ///
+    /// Must be called within a tokio runtime, which runs the probe tasks.
+    pub fn update<'a>(
+        &self,
+        changed: impl IntoIterator<Item = (&'a str, Option<&'a Remote>)>,
+    ) -> Result<()> {
+        let changed: BTreeMap<&str, Option<&Remote>> = changed.into_iter().collect();
+        let mut probes = self.inner.probes();
+        // The probes the names leave or join: the only ones that change.
+        let mut scope: BTreeSet<Arc<Identity>> = BTreeSet::new();
+        for (name, remote) in &changed {
+            if let Some(shared) = probes.by_name.get(*name) {
+                scope.insert(Arc::clone(&shared.lock().identity));
+            }
+            if let Some(remote) = remote {
+                scope.insert(remote.identity()?);
+            }
+        }
+        // Their other names stay, as they are.
+        let mut remotes: Vec<Remote> = changed.values().flatten().map(|r| (*r).clone()).collect();
+        for identity in &scope {
+            if let Some(probe) = probes.by_identity.get(identity) {
+                let state = probe.shared.lock();
+                let staying = state
+                    .names
+                    .iter()
+                    .filter(|series| !changed.contains_key(series.name.as_str()));
+                remotes.extend(staying.map(|series| {
+                    Remote::with_identity(
+                        series.name.clone(),
+                        Arc::clone(&state.config),
+                        Arc::clone(identity),
+                    )
+                }));
+            }
+        }
+        let wanted = grouped(&remotes)?;
+        apply(&self.inner, &mut probes, wanted, Some(&scope), &remotes);
+        Ok(())
+    }
+}
+
+/// `remotes` grouped by identity, each group in the order given.
+///
+/// # Errors
+///
+/// [`Error::Remote`] for a remote whose URL is invalid, and
+/// [`Error::DuplicateName`].
+fn grouped(remotes: &[Remote]) -> Result<BTreeMap<Arc<Identity>, Vec<&Remote>>> {
+    let mut wanted: BTreeMap<Arc<Identity>, Vec<&Remote>> = BTreeMap::new();
+    let mut seen = BTreeSet::new();
+    for remote in remotes {
+        if !seen.insert(remote.name.as_str()) {
+            return Err(Error::DuplicateName(remote.name.clone()));
+        }
+        wanted.entry(remote.identity()?).or_default().push(remote);
+    }
+    Ok(wanted)
+}
+
+/// Makes the probes of `scope` (every probe, if `None`) match `wanted`,
+/// which names every remote of those probes that stays (`remotes`, the
+/// remotes it groups, for the log lines).
+fn apply(
+    inner: &Arc<Inner>,
+    guard: &mut Probes,
+    wanted: BTreeMap<Arc<Identity>, Vec<&Remote>>,
+    scope: Option<&BTreeSet<Arc<Identity>>>,
+    remotes: &[Remote],
+) {
+    let Probes {
+        by_identity: probes,
+        by_name,
+    } = guard;
+    // Identities no longer wanted. A probe whose names stay, on the same
+    // host, under new settings (a rotated CA, certificate or token)
+    // moves to its new identity below: its state and series stay, and
+    // its client is rebuilt.
+    let mut retired: Vec<Probe> = Vec::new();
+    let gone: Vec<Arc<Identity>> = match scope {
+        None => probes
             .keys()
             .filter(|identity| !wanted.contains_key(*identity))
             .cloned()
-            .collect();
-        for identity in gone {
-            retired.extend(probes.remove(&identity));
-        }
-        // `by_name` follows what changes, not the whole set: the names each
-        // probe lost are removed, then the names each gained inserted, so
-        // that a name that moves from one probe to another ends at the
-        // second.
-        let mut lost: Vec<String> = Vec::new();
-        let mut gained: Vec<(String, Arc<Shared>)> = Vec::new();
-        for (identity, group) in wanted {
-            let config = Arc::clone(&group[0].config);
-            if !probes.contains_key(&identity)
-                && let Some(at) = retired.iter().position(|probe| {
-                    probe.shared.host == identity.host()
-                        && probe
-                            .shared
-                            .lock()
-                            .names
-                            .iter()
-                            .any(|series| group.iter().any(|r| r.name == series.name))
-                })
-            {
-                let probe = retired.swap_remove(at);
-                debug!(remotes = %joined(&group), host = %probe.shared.host, "remote's settings changed; its probe goes on with a new client");
-                probes.insert(Arc::clone(&identity), probe);
-            }
-            if let Some(probe) = probes.get(&identity) {
-                let mut state = probe.shared.lock();
-                // The same settings keep the client, and its connection.
-                if !Arc::ptr_eq(&state.config, &config) {
-                    state.config = config;
-                    state.config_generation += 1;
-                }
-                let same = state.names.len() == group.len()
-                    && state
+            .collect(),
+        Some(scope) => scope
+            .iter()
+            .filter(|identity| probes.contains_key(*identity) && !wanted.contains_key(*identity))
+            .cloned()
+            .collect(),
+    };
+    for identity in gone {
+        retired.extend(probes.remove(&identity));
+    }
+    // `by_name` follows what changes, not the whole set: the names each
+    // probe lost are removed, then the names each gained inserted, so
+    // that a name that moves from one probe to another ends at the
+    // second.
+    let mut lost: Vec<String> = Vec::new();
+    let mut gained: Vec<(String, Arc<Shared>)> = Vec::new();
+    for (identity, group) in wanted {
+        let config = Arc::clone(&group[0].config);
+        if !probes.contains_key(&identity)
+            && let Some(at) = retired.iter().position(|probe| {
+                probe.shared.host == identity.host()
+                    && probe
+                        .shared
+                        .lock()
                         .names
                         .iter()
-                        .zip(&group)
-                        .all(|(s, r)| s.name == r.name);
-                if same {
-                    continue;
-                }
-                // Names that stay keep their series; names that go take
-                // theirs with them.
-                let mut kept = std::mem::take(&mut state.names);
-                state.names = group
-                    .iter()
-                    .map(|r| {
-                        if let Some(at) = kept.iter().position(|s| s.name == r.name) {
-                            return kept.swap_remove(at);
-                        }
-                        gained.push((r.name.clone(), Arc::clone(&probe.shared)));
-                        Series::new(r.name.clone())
-                    })
-                    .collect();
-                lost.extend(kept.into_iter().map(|s| s.name));
-            } else {
-                let probe = start_probe(inner, identity.host(), &group, config);
-                gained.extend(
-                    group
-                        .iter()
-                        .map(|r| (r.name.clone(), Arc::clone(&probe.shared))),
-                );
-                probes.insert(identity, probe);
+                        .any(|series| group.iter().any(|r| r.name == series.name))
+            })
+        {
+            let probe = retired.swap_remove(at);
+            debug!(remotes = %joined(&group), host = %probe.shared.host, "remote's settings changed; its probe goes on with a new client");
+            probe.shared.lock().identity = Arc::clone(&identity);
+            probes.insert(Arc::clone(&identity), probe);
+        }
+        if let Some(probe) = probes.get(&identity) {
+            let mut state = probe.shared.lock();
+            // The same settings keep the client, and its connection.
+            if !Arc::ptr_eq(&state.config, &config) {
+                state.config = config;
+                state.config_generation += 1;
             }
+            let same = state.names.len() == group.len()
+                && state
+                    .names
+                    .iter()
+                    .zip(&group)
+                    .all(|(s, r)| s.name == r.name);
+            if same {
+                continue;
+            }
+            // Names that stay keep their series; names that go take
+            // theirs with them.
+            let mut kept = std::mem::take(&mut state.names);
+            state.names = group
+                .iter()
+                .map(|r| {
+                    if let Some(at) = kept.iter().position(|s| s.name == r.name) {
+                        return kept.swap_remove(at);
+                    }
+                    gained.push((r.name.clone(), Arc::clone(&probe.shared)));
+                    Series::new(r.name.clone())
+                })
+                .collect();
+            lost.extend(kept.into_iter().map(|s| s.name));
+        } else {
+            let probe = start_probe(inner, &identity, &group, config);
+            gained.extend(
+                group
+                    .iter()
+                    .map(|r| (r.name.clone(), Arc::clone(&probe.shared))),
+            );
+            probes.insert(identity, probe);
         }
-        for probe in &retired {
-            lost.extend(probe.shared.lock().names.iter().map(|s| s.name.clone()));
-        }
-        stop_retired(retired, remotes);
-        for name in &lost {
-            by_name.remove(name);
-        }
-        by_name.extend(gained);
-        Ok(())
     }
+    for probe in &retired {
+        lost.extend(probe.shared.lock().names.iter().map(|s| s.name.clone()));
+    }
+    stop_retired(retired, remotes);
+    for name in &lost {
+        by_name.remove(name);
+    }
+    by_name.extend(gained);
 }
 
 /// A probe of `host` for the remotes of `group`, its task started.
 fn start_probe(
     inner: &Arc<Inner>,
-    host: &str,
+    identity: &Arc<Identity>,
     group: &[&Remote],
     config: Arc<kube::Config>,
 ) -> Probe {
     let names: Vec<String> = group.iter().map(|r| r.name.clone()).collect();
-    info!(remotes = %names.join(", "), %host, "probing remote apiserver");
+    info!(remotes = %names.join(", "), host = %identity.host(), "probing remote apiserver");
     let tracker = Tracker::new(
         inner.config.failure_threshold,
         inner.config.success_threshold,
     );
-    let shared = Arc::new(Shared::new(host.to_owned(), names, config, tracker));
+    let shared = Arc::new(Shared::new(Arc::clone(identity), names, config, tracker));
     // No span around the task: entering one on each of its polls cost a
     // tenth of a probe. Its events name the host themselves, and a
     // client's build runs in the span.
@@ -500,7 +590,7 @@ fn stop_retired(retired: Vec<Probe>, remotes: &[Remote]) {
     if retired.is_empty() {
         return;
     }
-    let kept: std::collections::BTreeSet<&str> = remotes.iter().map(|r| r.name.as_str()).collect();
+    let kept: BTreeSet<&str> = remotes.iter().map(|r| r.name.as_str()).collect();
     for probe in retired {
         probe.task.abort();
         let state = probe.shared.lock();
@@ -736,6 +826,110 @@ mod tests {
             .collect()
     }
 
+    /// Each probe as a set says: its identity's URL and credentials
+    /// (`Debug` of the key), and its names. Checks that each probe's state
+    /// knows its own key.
+    fn probed(set: &ProbeSet) -> BTreeMap<String, BTreeSet<String>> {
+        let probes = set.inner.probes();
+        probes
+            .by_identity
+            .iter()
+            .map(|(identity, probe)| {
+                let state = probe.shared.lock();
+                assert_eq!(state.identity, *identity, "a probe that lost its key");
+                let names = state.names.iter().map(|s| s.name.clone()).collect();
+                (format!("{identity:?}"), names)
+            })
+            .collect()
+    }
+
+    /// For each name probed, whether its probe (and so its state and
+    /// series) is the one it had in `before`.
+    fn kept_since(set: &ProbeSet, before: &BTreeMap<String, usize>) -> BTreeMap<String, bool> {
+        set.inner
+            .probes()
+            .by_name
+            .iter()
+            .map(|(name, shared)| {
+                let at = Arc::as_ptr(shared) as usize;
+                (name.clone(), before.get(name) == Some(&at))
+            })
+            .collect()
+    }
+
+    fn pointers(set: &ProbeSet) -> BTreeMap<String, usize> {
+        set.inner
+            .probes()
+            .by_name
+            .iter()
+            .map(|(name, shared)| (name.clone(), Arc::as_ptr(shared) as usize))
+            .collect()
+    }
+
+    proptest::proptest! {
+        /// A set told only the names that changed ends where a set told
+        /// every name each time does: the same probes, of the same names,
+        /// each probe kept or started alike (a name that moves to new
+        /// settings on the same host keeps its probe in both).
+        #[test]
+        fn told_what_changed_the_probes_end_as_told_everything(
+            steps in proptest::collection::vec(
+                proptest::collection::btree_map(0usize..6, proptest::option::of(0usize..5), 1..4),
+                1..30,
+            )
+        ) {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .start_paused(true)
+                .build()
+                .expect("a runtime");
+            let _entered = runtime.enter();
+            let config = ProbeConfig::default().with_interval(Duration::from_secs(3600));
+            let whole = ProbeSet::new(config.clone(), &Registry::new()).expect("probes");
+            let told = ProbeSet::new(config, &Registry::new()).expect("probes");
+            // Two hosts, and one of them under three credentials.
+            let configs: Vec<Arc<kube::Config>> = [
+                ("https://a:6443", ""),
+                ("https://a:6443", "t"),
+                ("https://a:6443", "u"),
+                ("https://b:6443", ""),
+                ("https://b:6443", "t"),
+            ]
+            .iter()
+            .map(|(url, token)| {
+                let mut c = kube::Config::new(url.parse().expect("a URL"));
+                c.auth_info.token = (!token.is_empty()).then(|| (*token).to_owned().into());
+                Arc::new(c)
+            })
+            .collect();
+            let mut now: BTreeMap<String, usize> = BTreeMap::new();
+            for step in steps {
+                let before = (pointers(&whole), pointers(&told));
+                let mut changed: Vec<(String, Option<Remote>)> = Vec::new();
+                for (name, to) in step {
+                    let name = format!("n{name}");
+                    match to {
+                        Some(c) => now.insert(name.clone(), c),
+                        None => now.remove(&name),
+                    };
+                    changed.push((name.clone(), to.map(|c| Remote::new(name, Arc::clone(&configs[c])))));
+                }
+                let all: Vec<Remote> = now
+                    .iter()
+                    .map(|(name, c)| Remote::new(name.clone(), Arc::clone(&configs[*c])))
+                    .collect();
+                whole.sync(&all).expect("sync");
+                told.update(changed.iter().map(|(n, r)| (n.as_str(), r.as_ref()))).expect("update");
+                proptest::prop_assert_eq!(probed(&told), probed(&whole));
+                proptest::prop_assert_eq!(by_name_agrees(&told), by_name_agrees(&whole));
+                proptest::prop_assert_eq!(
+                    kept_since(&told, &before.1),
+                    kept_since(&whole, &before.0)
+                );
+            }
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn each_name_finds_its_probe_as_names_come_go_and_move() {
         let set = ProbeSet::new(
@@ -802,15 +996,13 @@ mod tests {
     #[test]
     fn metrics_come_in_pieces_with_each_family_whole_and_once() {
         let tracker = || Tracker::new(3, 1);
-        let config = Arc::new(kube::Config::new("http://h:1".parse().expect("a URL")));
         let probes: Vec<Arc<Shared>> = (0..400)
             .map(|i| {
-                let shared = Shared::new(
-                    format!("h{i}:1"),
-                    vec![format!("r{i}")],
-                    Arc::clone(&config),
-                    tracker(),
-                );
+                let config = Arc::new(kube::Config::new(
+                    format!("http://h{i}:1").parse().expect("a URL"),
+                ));
+                let identity = Arc::new(Identity::of(&config).expect("an identity"));
+                let shared = Shared::new(identity, vec![format!("r{i}")], config, tracker());
                 {
                     let mut state = shared.lock();
                     state.last_probe = Some(SystemTime::now());
@@ -943,8 +1135,9 @@ mod tests {
         let _entered = runtime.enter();
         let set = ProbeSet::new(ProbeConfig::default(), &Registry::new()).expect("a set");
         let config = Arc::new(kube::Config::new("https://h:1".parse().expect("a URL")));
+        let identity = Arc::new(Identity::of(&config).expect("an identity"));
         let shared = Arc::new(Shared::new(
-            "h:1".into(),
+            identity,
             vec!["a".into()],
             config,
             Tracker::new(3, 1),
