@@ -52,7 +52,7 @@ async fn main() {
         .collect();
     probes.sync(&remote::probed(&remotes)).expect("sync");
     let plan = Plan {
-        remotes,
+        remotes: remotes.into_iter().collect(),
         watch: vec![WatchSpec {
             api_version: "v1".into(),
             kind: "Namespace".into(),

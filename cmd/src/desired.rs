@@ -27,7 +27,8 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 
-use crate::config::remote::{self, ResolvedRemote};
+use crate::config::ranked::{Rank, Remotes};
+use crate::config::remote::ResolvedRemote;
 use crate::config::{Config, Plan};
 use crate::discovery::{Discovery, Found};
 use crate::lease::shard::ShardHandle;
@@ -41,7 +42,7 @@ pub struct Statics {
     pub config: Arc<Config>,
     /// Its remotes, resolved, in config order; the planner's inputs share
     /// them with the channel.
-    pub remotes: Arc<Vec<ResolvedRemote>>,
+    pub remotes: Remotes,
     /// Counts the daemon's readings, so that it can tell when the value
     /// published takes this one in.
     pub reading: u64,
@@ -55,9 +56,33 @@ pub struct Inputs {
     /// The remotes discovery gives, after the static ones.
     pub discovered: Found,
     /// With sharding, the remotes this replica holds, by name.
-    pub share: Option<BTreeSet<String>>,
+    pub share: Option<Arc<BTreeSet<String>>>,
     /// The home cluster, probed while discovery reads it.
     pub home: Option<tether_probes::Remote>,
+}
+
+impl Inputs {
+    /// The remote named `name`, and its rank: a static remote's, else a
+    /// discovered one's (discovery gives no name a static remote has).
+    fn remote(&self, name: &str) -> Option<(Rank, &ResolvedRemote)> {
+        if let Some(remote) = self.statics.remotes.get(name) {
+            let rank = self.statics.remotes.rank(name)?;
+            return Some((rank.clone(), remote));
+        }
+        let (place, remote) = self.discovered.get(name)?;
+        Some((Rank::Discovered(place.clone()), remote))
+    }
+
+    /// Whether this replica runs the remote named `name`.
+    fn runs(&self, name: &str) -> bool {
+        self.share.as_ref().is_none_or(|share| share.contains(name))
+    }
+
+    /// Every name the inputs give.
+    fn names(&self) -> BTreeSet<String> {
+        let statics = self.statics.remotes.iter().map(|r| r.name.clone());
+        statics.chain(self.discovered.keys().cloned()).collect()
+    }
 }
 
 /// What should run, and since when.
@@ -65,18 +90,16 @@ pub struct Inputs {
 pub struct Desired {
     /// Counts the values published; the first is 1.
     pub revision: u64,
-    /// What the probes probe: the plan's remotes, and the home cluster.
-    pub probes: Vec<tether_probes::Remote>,
     /// What the probes probe that differs from the value before this one
     /// (`revision - 1`), by name: a remote now, or `None`, gone. A
     /// follower that applied that value applies this alone.
     pub probes_changed: Arc<Vec<(String, Option<tether_probes::Remote>)>>,
     /// What the manager runs.
     pub plan: Arc<Plan>,
-    /// Every remote, this replica's or not, by name, with its sharding key.
-    pub keys: BTreeMap<String, String>,
+    /// Every remote, this replica's or not.
+    pub all: Remotes,
     /// With sharding, the remotes this replica holds.
-    pub share: Option<BTreeSet<String>>,
+    pub share: Option<Arc<BTreeSet<String>>>,
     /// Counts the changes of the manager's own part, which end its cycle:
     /// its settings, or whether a remote it runs is required.
     pub manager: u64,
@@ -89,6 +112,8 @@ pub struct Desired {
     pub remotes_cause: Option<Cause>,
     /// The daemon's reading of the static remotes this value takes in.
     pub reading: u64,
+    /// The home cluster, probed beside the plan's remotes.
+    home: Option<tether_probes::Remote>,
     /// The config the plan was made under, to tell a reload.
     config: Arc<Config>,
 }
@@ -108,74 +133,64 @@ pub struct Change {
     pub remotes: Option<Cause>,
     /// The probes added, gone or rebuilt, by name.
     pub probes: Vec<(String, Option<tether_probes::Remote>)>,
+    /// Whether any remote, this replica's or not, came, went or changed:
+    /// what the sharding hears of.
+    pub all: bool,
 }
 
 impl Change {
     /// Whether nothing changed at all.
     #[must_use]
     pub fn is_none(&self) -> bool {
-        self.probes.is_empty() && self.ends_cycle.is_none() && self.remotes.is_none()
+        self.probes.is_empty() && self.ends_cycle.is_none() && self.remotes.is_none() && !self.all
     }
-}
-
-/// A remote as the manager's part compares it: by name, whether it is
-/// required, and its generation.
-fn run_key(r: &ResolvedRemote) -> (&str, (bool, u64)) {
-    (r.name.as_str(), (r.required, r.generation))
 }
 
 impl Desired {
     /// What `inputs` say should run: the first value.
     #[must_use]
     pub fn from(inputs: &Inputs) -> Self {
-        let all: Vec<ResolvedRemote> = inputs
-            .statics
-            .remotes
-            .iter()
-            .chain(inputs.discovered.values())
-            .cloned()
-            .collect();
-        let keys = remote::keys(&all);
-        let running: Vec<ResolvedRemote> = match &inputs.share {
-            None => all,
-            Some(share) => all
-                .into_iter()
-                .filter(|r| share.contains(&r.name))
-                .collect(),
-        };
-        let mut probes = remote::probed(&running);
-        probes.extend(inputs.home.clone());
-        Self {
-            revision: 1,
-            probes,
+        let empty = Self {
+            revision: 0,
             probes_changed: Arc::default(),
-            plan: Arc::new(Plan::new(&inputs.statics.config, running)),
-            keys,
+            plan: Arc::new(Plan::new(&inputs.statics.config, Remotes::default())),
+            all: Remotes::default(),
             share: inputs.share.clone(),
             manager: 1,
             cause: None,
             remotes: 1,
             remotes_cause: None,
             reading: inputs.statics.reading,
+            home: inputs.home.clone(),
             config: Arc::clone(&inputs.statics.config),
-        }
+        };
+        let (mut first, _) = empty.apply(inputs, &inputs.names());
+        (first.revision, first.manager, first.cause) = (1, 1, None);
+        (first.remotes, first.remotes_cause) = (1, None);
+        first.probes_changed = Arc::default();
+        first
     }
 
     /// The value after `self` that `inputs` give, and what changed; `self`
-    /// again, with nothing changed, if nothing did.
+    /// again, with nothing changed, if nothing did. Every remote is
+    /// looked at: [`next_of`](Self::next_of) looks at those named alone.
     #[must_use]
     pub fn next(&self, inputs: &Inputs) -> (Self, Change) {
-        let mut next = Self::from(inputs);
-        let mut change = self.change_to(&next);
-        if change.is_none()
-            && self.keys == next.keys
-            && self.share == next.share
-            && self.reading == next.reading
-        {
+        let mut names = inputs.names();
+        names.extend(self.all.iter().map(|r| r.name.clone()));
+        self.next_of(inputs, &names)
+    }
+
+    /// As [`next`](Self::next), where only the remotes named in `touched`
+    /// may differ between the inputs `self` was made of and `inputs`: it
+    /// costs work in proportion to them, not to the remotes.
+    #[must_use]
+    pub fn next_of(&self, inputs: &Inputs, touched: &BTreeSet<String>) -> (Self, Change) {
+        let (mut next, change) = self.apply(inputs, touched);
+        if change.is_none() && self.share == next.share && self.reading == next.reading {
             return (self.clone(), change);
         }
         next.revision = self.revision + 1;
-        next.probes_changed = Arc::new(std::mem::take(&mut change.probes));
         (next.manager, next.cause) = match &change.ends_cycle {
             Some(cause) => (self.manager + 1, Some(cause.clone())),
             None => (self.manager, self.cause.clone()),
@@ -187,62 +202,132 @@ impl Desired {
         (next, change)
     }
 
-    /// What differs from `self` to `next`.
-    fn change_to(&self, next: &Self) -> Change {
-        let before: BTreeMap<&str, &tether_probes::Remote> =
-            self.probes.iter().map(|p| (p.name.as_str(), p)).collect();
-        let now: BTreeMap<&str, &tether_probes::Remote> =
-            next.probes.iter().map(|p| (p.name.as_str(), p)).collect();
-        let mut probes: Vec<(String, Option<tether_probes::Remote>)> = Vec::new();
-        let (mut added, mut rebuilt) = (0, 0);
-        for (name, probe) in &now {
-            match before.get(name) {
-                None => added += 1,
-                Some(b) if !Arc::ptr_eq(&b.config, &probe.config) => rebuilt += 1,
-                Some(_) => continue,
+    /// `self` with the remotes named in `touched` as `inputs` give them,
+    /// and what that changed. Its counters are `self`'s, for the caller to
+    /// move.
+    fn apply(&self, inputs: &Inputs, touched: &BTreeSet<String>) -> (Self, Change) {
+        let (mut all, mut running) = (self.all.clone(), self.plan.remotes.clone());
+        // Each remote that changes is taken out first and put back after,
+        // so that one that moves never lands on the rank another is leaving.
+        let (mut to_all, mut to_run) = (Vec::new(), Vec::new());
+        let mut change = Change::default();
+        let (mut runs_changed, mut required_flipped) = (false, false);
+        let (mut taken, mut given_up) = (0, 0);
+        for name in touched {
+            let now = inputs.remote(name);
+            let had = self.all.get(name);
+            let kept = match (had, &now) {
+                (Some(had), Some((rank, remote))) => {
+                    same_remote(had, remote) && self.all.rank(name) == Some(rank)
+                }
+                (had, now) => had.is_none() && now.is_none(),
+            };
+            if !kept {
+                change.all = true;
+                all.remove(name);
+                to_all.extend(now.clone());
             }
-            probes.push(((*name).to_owned(), Some((*probe).clone())));
+            let will = now.filter(|_| inputs.runs(name));
+            let ran = self.plan.remotes.get(name);
+            match (ran, &will) {
+                (None, None) => continue,
+                (None, Some((_, remote))) => {
+                    change.added += 1;
+                    change.probes.push((name.clone(), Some(remote.probed())));
+                    (runs_changed, taken) = (true, taken + 1);
+                }
+                (Some(_), None) => {
+                    change.removed += 1;
+                    change.probes.push((name.clone(), None));
+                    (runs_changed, given_up) = (true, given_up + 1);
+                }
+                (Some(ran), Some((rank, remote))) => {
+                    if same_remote(ran, remote) && self.plan.remotes.rank(name) == Some(rank) {
+                        continue;
+                    }
+                    if !Arc::ptr_eq(&ran.config, &remote.config) {
+                        change.rebuilt += 1;
+                        change.probes.push((name.clone(), Some(remote.probed())));
+                    }
+                    // Whether a remote is required decides what its loss
+                    // costs, which no running cycle can change.
+                    required_flipped |= ran.required != remote.required;
+                    runs_changed |= ran.generation != remote.generation;
+                }
+            }
+            running.remove(name);
+            to_run.extend(will);
         }
-        let gone = before.keys().filter(|n| !now.contains_key(*n));
-        probes.extend(gone.map(|n| ((*n).to_owned(), None)));
-        let removed = probes.len() - added - rebuilt;
-        let runs: BTreeMap<&str, (bool, u64)> = self.plan.remotes.iter().map(run_key).collect();
-        let will: BTreeMap<&str, (bool, u64)> = next.plan.remotes.iter().map(run_key).collect();
-        // Whether a remote is required decides what its loss costs, which
-        // no running cycle can change.
-        let required_flipped = will
-            .iter()
-            .any(|(name, (required, _))| runs.get(name).is_some_and(|r| r.0 != *required));
-        let own = |d: &Self| (d.config.watch.clone(), d.config.exec.clone());
-        let ends_cycle =
-            (required_flipped || own(self) != own(next)).then_some(Cause::ConfigChanged);
-        let remotes = if ends_cycle.is_some() || runs == will {
+        for (rank, remote) in to_all {
+            all.insert(rank, remote.clone());
+        }
+        for (rank, remote) in to_run {
+            running.insert(rank, remote.clone());
+        }
+        let own = |c: &Config| (c.watch.clone(), c.exec.clone());
+        let own_changed = own(&self.config) != own(&inputs.statics.config);
+        change.ends_cycle = (required_flipped || own_changed).then_some(Cause::ConfigChanged);
+        let share_changed = self.share != inputs.share;
+        change.remotes = if change.ends_cycle.is_some() || !runs_changed {
             None
-        } else if self.share != next.share {
-            let had: BTreeSet<&str> = runs.keys().copied().collect();
-            let has: BTreeSet<&str> = will.keys().copied().collect();
-            Some(Cause::ShardChanged {
-                taken: has.difference(&had).count(),
-                given_up: had.difference(&has).count(),
-            })
+        } else if share_changed {
+            Some(Cause::ShardChanged { taken, given_up })
         } else {
             Some(Cause::ConfigChanged)
         };
-        Change {
-            added,
-            removed,
-            rebuilt,
-            ends_cycle,
-            remotes,
-            probes,
-        }
+        let next = Self {
+            revision: self.revision,
+            probes_changed: Arc::new(change.probes.clone()),
+            plan: Arc::new(Plan::new(&inputs.statics.config, running)),
+            all,
+            share: inputs.share.clone(),
+            manager: self.manager,
+            cause: self.cause.clone(),
+            remotes: self.remotes,
+            remotes_cause: self.remotes_cause.clone(),
+            reading: inputs.statics.reading,
+            home: self.home.clone(),
+            config: Arc::clone(&inputs.statics.config),
+        };
+        (next, change)
+    }
+
+    /// What the probes probe: the plan's remotes, and the home cluster.
+    #[must_use]
+    pub fn probes(&self) -> Vec<tether_probes::Remote> {
+        let mut probes: Vec<_> = self
+            .plan
+            .remotes
+            .iter()
+            .map(ResolvedRemote::probed)
+            .collect();
+        probes.extend(self.home.clone());
+        probes
+    }
+
+    /// Every remote, this replica's or not, by name, with its sharding
+    /// key: its normalized URL, so that the names that share an apiserver
+    /// share an owner (and one probe).
+    #[must_use]
+    pub fn keys(&self) -> BTreeMap<String, String> {
+        self.all
+            .iter()
+            .map(|r| (r.name.clone(), r.identity.url.clone()))
+            .collect()
     }
 
     /// The names of the remotes the plan runs.
     #[must_use]
     pub fn running(&self) -> BTreeSet<String> {
-        remote::names(&self.plan.remotes)
+        self.plan.remotes.iter().map(|r| r.name.clone()).collect()
     }
+}
+
+/// Whether `a` and `b` are the same remote as the manager and the probes
+/// take it: its settings (the same reading), whether it is required, and
+/// its generation.
+fn same_remote(a: &ResolvedRemote, b: &ResolvedRemote) -> bool {
+    Arc::ptr_eq(&a.config, &b.config) && a.required == b.required && a.generation == b.generation
 }
 
 /// The causes to end the running cycle with, as the manager's own part of
@@ -287,6 +372,8 @@ fn changes_of(
 #[derive(Debug)]
 pub(crate) struct Planner {
     inputs: Inputs,
+    /// The remotes whose inputs changed since the value last made.
+    touched: BTreeSet<String>,
     statics: watch::Receiver<Statics>,
     discovery: Option<Arc<Discovery>>,
     shard: Option<ShardHandle>,
@@ -309,18 +396,21 @@ impl Planner {
         }
         let inputs = Inputs {
             discovered: found,
-            share: shard.as_ref().map(|s| s.holding().borrow().clone()),
+            share: shard
+                .as_ref()
+                .map(|s| Arc::new(s.holding().borrow().clone())),
             home: discovery.as_deref().map(Discovery::home),
             statics: first,
         };
         let value = Desired::from(&inputs);
         if let Some(shard) = &shard {
-            shard.set_remotes(value.keys.clone());
+            shard.set_remotes(value.keys());
         }
         let (desired, subscribed) = watch::channel(Arc::new(value));
         (
             Self {
                 inputs,
+                touched: BTreeSet::new(),
                 statics,
                 discovery,
                 shard,
@@ -340,16 +430,28 @@ impl Planner {
             tokio::select! {
                 () = stop.cancelled() => return,
                 Ok(()) = self.statics.changed() => {
-                    self.inputs.statics = self.statics.borrow_and_update().clone();
-                    let statics = Arc::clone(&self.inputs.statics.remotes);
-                    self.take_found(Some(&statics));
+                    let statics = self.statics.borrow_and_update().clone();
+                    // A reading is read whole: each of its remotes, and
+                    // each of the last, is looked at again.
+                    let names = |s: &Statics| s.remotes.iter().map(|r| r.name.clone()).collect::<Vec<_>>();
+                    self.touched.extend(names(&self.inputs.statics));
+                    self.touched.extend(names(&statics));
+                    self.inputs.statics = statics;
+                    let remotes = self.inputs.statics.remotes.clone();
+                    self.take_found(Some(&remotes));
                 }
                 Ok(()) = found.changed() => {
                     found.borrow_and_update();
                     self.take_found(None);
                 }
                 Ok(()) = holding.changed() => {
-                    self.inputs.share = Some(holding.borrow_and_update().clone());
+                    let share = Arc::new(holding.borrow_and_update().clone());
+                    if let Some(had) = &self.inputs.share {
+                        self.touched.extend(had.symmetric_difference(&share).cloned());
+                    } else {
+                        self.touched.extend(self.inputs.names());
+                    }
+                    self.inputs.share = Some(share);
                 }
             }
             self.publish();
@@ -358,23 +460,25 @@ impl Planner {
 
     /// Takes in what discovery learned, beside the static remotes (whose
     /// names win) when they are new.
-    fn take_found(&mut self, statics: Option<&[ResolvedRemote]>) {
+    fn take_found(&mut self, statics: Option<&Remotes>) {
         if let Some(discovery) = &self.discovery {
-            discovery.update(statics, &mut self.inputs.discovered);
+            let names = discovery.update(statics, &mut self.inputs.discovered);
+            self.touched.extend(names);
         }
     }
 
     /// Makes the value of the inputs now, and publishes it if it differs.
-    fn publish(&self) {
+    fn publish(&mut self) {
         let before = Arc::clone(&self.desired.borrow());
-        let (next, change) = before.next(&self.inputs);
+        let (next, change) = before.next_of(&self.inputs, &self.touched);
+        self.touched.clear();
         if next.revision == before.revision {
             return;
         }
         if let Some(shard) = &self.shard
-            && next.keys != before.keys
+            && change.all
         {
-            shard.set_remotes(next.keys.clone());
+            shard.set_remotes(next.keys());
         }
         if next.share != before.share {
             let (had, has) = (before.running(), next.running());
@@ -389,7 +493,7 @@ impl Planner {
                 added = change.added,
                 gone = change.removed,
                 rebuilt = change.rebuilt,
-                probed = next.probes.len(),
+                probed = next.plan.remotes.len() + usize::from(next.home.is_some()),
                 "the remotes changed{}",
                 if change.ends_cycle.is_some() {
                     "; the cycle ends"
@@ -446,7 +550,7 @@ pub(crate) fn probe(
                 .iter()
                 .map(|(name, remote)| (name.as_str(), remote.as_ref())),
         ),
-        _ => probes.sync(&desired.probes),
+        _ => probes.sync(&desired.probes()),
     };
     if let Err(err) = &applied {
         // The names and URLs were checked when they were read; if this
@@ -483,15 +587,20 @@ mod tests {
             .expect("a server to probe")
     }
 
+    /// The remote `name` as a Secret of its own name gives it.
+    fn discovered(name: &str) -> Found {
+        Found::from([(name.to_owned(), ((0, name.to_owned()), remote(name, name)))])
+    }
+
     fn inputs(statics: Vec<ResolvedRemote>, share: Option<&[&str]>) -> Inputs {
         Inputs {
             statics: Statics {
                 config: config(),
-                remotes: Arc::new(statics),
+                remotes: statics.into_iter().collect(),
                 reading: 0,
             },
             discovered: Found::new(),
-            share: share.map(|s| s.iter().map(|n| (*n).to_owned()).collect()),
+            share: share.map(|s| Arc::new(s.iter().map(|n| (*n).to_owned()).collect())),
             home: None,
         }
     }
@@ -501,8 +610,8 @@ mod tests {
         let all = vec![remote("a", "a"), remote("b", "b"), remote("c", "c")];
         let value = Desired::from(&inputs(all, Some(&["b"])));
         assert_eq!(value.running(), BTreeSet::from(["b".to_owned()]));
-        assert_eq!(value.probes.len(), 1);
-        assert_eq!(value.keys.len(), 3, "the sharding hears of every remote");
+        assert_eq!(value.probes().len(), 1);
+        assert_eq!(value.keys().len(), 3, "the sharding hears of every remote");
     }
 
     #[test]
@@ -524,7 +633,7 @@ mod tests {
         // Read anew, its generation kept: a token file alone rotated.
         let mut rotated = remote("a", "a");
         rotated.generation = a.generation;
-        given.statics.remotes = Arc::new(vec![rotated]);
+        given.statics.remotes = [rotated].into_iter().collect();
         let (next, change) = first.next(&given);
         assert_eq!(change.rebuilt, 1);
         assert_eq!(change.ends_cycle, None);
@@ -536,13 +645,13 @@ mod tests {
         let mut given = inputs(vec![remote("a", "a")], None);
         let first = Desired::from(&given);
         given.statics.config = Arc::clone(&first.config);
-        given.statics.remotes = Arc::new(vec![remote("a", "a")]);
+        given.statics.remotes = [remote("a", "a")].into_iter().collect();
         let (second, change) = first.next(&given);
         assert_eq!(
             (change.rebuilt, change.ends_cycle, change.remotes),
             (1, None, Some(Cause::ConfigChanged))
         );
-        given.discovered = Found::from([((0, "d".to_owned()), remote("d", "d"))]);
+        given.discovered = discovered("d");
         let (third, change) = second.next(&given);
         assert_eq!(
             (change.added, change.ends_cycle, change.remotes),
@@ -563,11 +672,16 @@ mod tests {
         let mut given = inputs(vec![remote("a", "a"), remote("b", "b")], None);
         let first = Desired::from(&given);
         given.statics.config = Arc::clone(&first.config);
-        given.discovered = Found::from([((0, "d".to_owned()), remote("d", "d"))]);
+        given.discovered = discovered("d");
         let (second, _) = first.next(&given);
         assert_eq!(changed(&second), [("d".to_owned(), true)]);
         // b read anew (a new config), d gone; a is left out.
-        given.statics.remotes = Arc::new(vec![given.statics.remotes[0].clone(), remote("b", "b")]);
+        given.statics.remotes = [
+            given.statics.remotes.get("a").cloned().expect("a"),
+            remote("b", "b"),
+        ]
+        .into_iter()
+        .collect();
         given.discovered = Found::new();
         let (third, change) = second.next(&given);
         assert_eq!(
@@ -586,9 +700,9 @@ mod tests {
         let mut given = inputs(vec![remote("a", "a")], None);
         let first = Desired::from(&given);
         given.statics.config = Arc::clone(&first.config);
-        let mut optional = given.statics.remotes[0].clone();
+        let mut optional = given.statics.remotes.get("a").cloned().expect("a");
         optional.required = false;
-        given.statics.remotes = Arc::new(vec![optional]);
+        given.statics.remotes = [optional].into_iter().collect();
         let (second, change) = first.next(&given);
         assert_eq!(
             (change.ends_cycle, change.remotes),
@@ -623,7 +737,7 @@ mod tests {
         let mut given = inputs(all, Some(&["a", "b"]));
         let first = Desired::from(&given);
         given.statics.config = Arc::clone(&first.config);
-        given.share = Some(BTreeSet::from(["b".to_owned(), "c".to_owned()]));
+        given.share = Some(Arc::new(BTreeSet::from(["b".to_owned(), "c".to_owned()])));
         let (second, change) = first.next(&given);
         assert_eq!(change.ends_cycle, None);
         assert_eq!(
@@ -634,11 +748,228 @@ mod tests {
             })
         );
         // A discovered remote outside the share changes nothing it runs.
-        given.discovered = Found::from([((0, "z".to_owned()), remote("z", "z"))]);
+        given.discovered = discovered("z");
         let (third, change) = second.next(&given);
         assert_eq!((change.ends_cycle, change.remotes), (None, None));
         assert_eq!(third.remotes, second.remotes);
-        assert_eq!(third.keys.len(), 4);
+        assert_eq!(third.keys().len(), 4);
+    }
+
+    /// What a value says, its counters aside: the plan's remotes in order
+    /// (name, required, generation, settings), every remote in order, the
+    /// sharding's keys, and the probes.
+    type Content = (
+        Vec<(String, bool, u64, usize)>,
+        Vec<String>,
+        BTreeMap<String, String>,
+        Vec<String>,
+    );
+
+    fn content(d: &Desired) -> Content {
+        let plan = d.plan.remotes.iter().map(|r| {
+            let settings = Arc::as_ptr(&r.config) as usize;
+            (r.name.clone(), r.required, r.generation, settings)
+        });
+        (
+            plan.collect(),
+            d.all.iter().map(|r| r.name.clone()).collect(),
+            d.keys(),
+            d.probes().into_iter().map(|p| p.name).collect(),
+        )
+    }
+
+    /// What a change says, comparably.
+    fn said(
+        c: &Change,
+    ) -> (
+        usize,
+        usize,
+        usize,
+        Option<Cause>,
+        Option<Cause>,
+        bool,
+        Vec<String>,
+    ) {
+        let mut probes: Vec<String> = c.probes.iter().map(|(n, _)| n.clone()).collect();
+        probes.sort();
+        let counts = (c.added, c.removed, c.rebuilt);
+        (
+            counts.0,
+            counts.1,
+            counts.2,
+            c.ends_cycle.clone(),
+            c.remotes.clone(),
+            c.all,
+            probes,
+        )
+    }
+
+    /// What changed from `a` to `b`, worked out from every remote of both,
+    /// as values were compared before they carried their changes.
+    fn change_whole(
+        a: &Desired,
+        b: &Desired,
+    ) -> (usize, usize, usize, Option<Cause>, Option<Cause>) {
+        let probes = |d: &Desired| -> BTreeMap<String, usize> {
+            d.probes()
+                .iter()
+                .map(|p| (p.name.clone(), Arc::as_ptr(&p.config) as usize))
+                .collect()
+        };
+        let (before, now) = (probes(a), probes(b));
+        let added = now.keys().filter(|n| !before.contains_key(*n)).count();
+        let removed = before.keys().filter(|n| !now.contains_key(*n)).count();
+        let rebuilt = now
+            .iter()
+            .filter(|(n, p)| before.get(*n).is_some_and(|b| b != *p))
+            .count();
+        let runs = |d: &Desired| -> BTreeMap<String, (bool, u64)> {
+            d.plan
+                .remotes
+                .iter()
+                .map(|r| (r.name.clone(), (r.required, r.generation)))
+                .collect()
+        };
+        let (had, has) = (runs(a), runs(b));
+        let flipped = has
+            .iter()
+            .any(|(n, (req, _))| had.get(n).is_some_and(|h| h.0 != *req));
+        let own = |d: &Desired| (d.config.watch.clone(), d.config.exec.clone());
+        let ends = (flipped || own(a) != own(b)).then_some(Cause::ConfigChanged);
+        let remotes = if ends.is_some() || had == has {
+            None
+        } else if a.share != b.share {
+            Some(Cause::ShardChanged {
+                taken: has.keys().filter(|n| !had.contains_key(*n)).count(),
+                given_up: had.keys().filter(|n| !has.contains_key(*n)).count(),
+            })
+        } else {
+            Some(Cause::ConfigChanged)
+        };
+        (added, removed, rebuilt, ends, remotes)
+    }
+
+    /// One change of the planner's inputs.
+    #[derive(Debug, Clone)]
+    enum Input {
+        /// A static remote (of four) read as one of three readings, or
+        /// gone.
+        Static(usize, Option<usize>),
+        /// A discovered remote (of four) read as one of three readings,
+        /// from one of three Secrets, or gone.
+        Found(usize, Option<(usize, usize)>),
+        /// The share: every remote, or those of a mask over the eight.
+        Share(Option<u8>),
+        /// A reload under one of two configs.
+        Config(bool),
+    }
+
+    fn input() -> impl proptest::strategy::Strategy<Value = Input> {
+        use proptest::prelude::*;
+        prop_oneof![
+            3 => (0usize..4, proptest::option::of(0usize..3)).prop_map(|(n, r)| Input::Static(n, r)),
+            4 => (0usize..4, proptest::option::of((0usize..3, 0usize..3)))
+                .prop_map(|(n, r)| Input::Found(n, r)),
+            1 => proptest::option::of(any::<u8>()).prop_map(Input::Share),
+            1 => any::<bool>().prop_map(Input::Config),
+        ]
+    }
+
+    proptest::proptest! {
+        /// The value made from the remotes the inputs changed alone is the
+        /// value made from every input, and it says what changed as a
+        /// value made from every remote does.
+        #[test]
+        fn a_value_made_from_what_changed_is_the_value_made_from_everything(
+            batches in proptest::collection::vec(proptest::collection::vec(input(), 1..4), 1..25)
+        ) {
+            // Each name's three readings: the same reading is the same
+            // value (its settings, generation); the third is optional.
+            let readings = |prefix: &str| -> Vec<Vec<ResolvedRemote>> {
+                (0..4)
+                    .map(|n| {
+                        (0..3)
+                            .map(|k| {
+                                let name = format!("{prefix}{n}");
+                                let mut r = remote(&name, &format!("{name}-{}", k % 2));
+                                r.required = k != 2;
+                                r
+                            })
+                            .collect()
+                    })
+                    .collect()
+            };
+            let (statics, found) = (readings("s"), readings("d"));
+            let configs = [config(), Arc::new(
+                Config::parse(
+                    "remotes: [{name: a, server: \"https://a:6443\"}]\nwatch: []",
+                    "t.yaml",
+                    Path::new("."),
+                )
+                .expect("valid"),
+            )];
+            let mut given = inputs(Vec::new(), None);
+            given.statics.config = Arc::clone(&configs[0]);
+            let mut now = Desired::from(&given);
+            let mut held: [Option<usize>; 4] = [None; 4];
+            for batch in batches {
+                let mut touched = BTreeSet::new();
+                for step in batch {
+                    match step {
+                        Input::Static(n, reading) => {
+                            held[n] = reading;
+                            let before: Vec<String> =
+                                given.statics.remotes.iter().map(|r| r.name.clone()).collect();
+                            given.statics.remotes = held
+                                .iter()
+                                .enumerate()
+                                .filter_map(|(i, k)| k.map(|k| statics[i][k].clone()))
+                                .collect();
+                            touched.extend(before);
+                            touched.extend(given.statics.remotes.iter().map(|r| r.name.clone()));
+                        }
+                        Input::Found(n, reading) => {
+                            let name = format!("d{n}");
+                            match reading {
+                                Some((k, secret)) => {
+                                    // One Secret gives one name.
+                                    let place = (0, format!("x{secret}-{name}"));
+                                    given.discovered.insert(name.clone(), (place, found[n][k].clone()));
+                                }
+                                None => {
+                                    given.discovered.remove(&name);
+                                }
+                            }
+                            touched.insert(name);
+                        }
+                        Input::Share(mask) => {
+                            let share = mask.map(|m| {
+                                let names = (0..4).map(|i| format!("s{i}")).chain((0..4).map(|i| format!("d{i}")));
+                                Arc::new(names.enumerate().filter(|(i, _)| m & (1 << i) != 0).map(|(_, n)| n).collect::<BTreeSet<String>>())
+                            });
+                            touched.extend((0..4).map(|i| format!("s{i}")).chain((0..4).map(|i| format!("d{i}"))));
+                            given.share = share;
+                        }
+                        Input::Config(second) => {
+                            given.statics.config = Arc::clone(&configs[usize::from(second)]);
+                        }
+                    }
+                }
+                let (told, change) = now.next_of(&given, &touched);
+                let (whole, whole_change) = now.next(&given);
+                proptest::prop_assert_eq!(content(&told), content(&Desired::from(&given)));
+                proptest::prop_assert_eq!(said(&change), said(&whole_change));
+                proptest::prop_assert_eq!(
+                    (change.added, change.removed, change.rebuilt, change.ends_cycle, change.remotes),
+                    change_whole(&now, &told)
+                );
+                proptest::prop_assert_eq!(
+                    (told.revision, told.manager, told.remotes),
+                    (whole.revision, whole.manager, whole.remotes)
+                );
+                now = told;
+            }
+        }
     }
 
     /// The planner publishes each change of its inputs; the remote
@@ -657,13 +988,13 @@ mod tests {
         let send = |remotes: Vec<ResolvedRemote>, reading| {
             statics_tx.send_replace(Statics {
                 config: Arc::clone(&given.statics.config),
-                remotes: Arc::new(remotes),
+                remotes: remotes.into_iter().collect(),
                 reading,
             });
         };
 
         // A token rotation: a new value, nothing for the manager.
-        let a = given.statics.remotes[0].clone();
+        let a = given.statics.remotes.get("a").cloned().expect("a");
         let mut rotated = remote("a", "a");
         rotated.generation = a.generation;
         let mut published = desired.clone();

@@ -96,9 +96,13 @@ async fn discover(
             ExitCode::from(2)
         })?;
     discovery.first_lists(LIST_WAIT).await;
+    let statics: crate::config::ranked::Remotes = remotes.iter().cloned().collect();
     let mut found = crate::discovery::Found::new();
-    discovery.update(Some(remotes), &mut found);
-    remotes.extend(found.into_values());
+    discovery.update(Some(&statics), &mut found);
+    // In the order the sources and their Secrets come.
+    let mut found: Vec<_> = found.into_values().collect();
+    found.sort_by(|a, b| a.0.cmp(&b.0));
+    remotes.extend(found.into_iter().map(|(_, remote)| remote));
     let sources = discovery.status();
     discovery.stop();
     Ok((sources, Some(discovery.home())))

@@ -14,7 +14,8 @@
 //!   read by `crate::discovery`);
 //! - `remote.rs`: each remote's settings resolved to a kube `Config`;
 //! - `sources.rs`: the files those settings came from, watched;
-//! - `plan.rs`: what this replica's manager runs.
+//! - `plan.rs`: what this replica's manager runs;
+//! - `ranked.rs`: remotes in the plan's order, kept in persistent maps.
 //!
 //! Parsing rejects unknown keys (naming them all) and wrong types; the
 //! checks then name the file and the field path of every bad value.
@@ -24,6 +25,7 @@ pub mod defaults;
 pub mod discovery;
 mod parse;
 mod plan;
+pub mod ranked;
 mod raw;
 pub mod remote;
 mod selector;

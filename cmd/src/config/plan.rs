@@ -7,15 +7,16 @@
 
 use std::collections::BTreeSet;
 
-use super::remote::ResolvedRemote;
+use super::ranked::Remotes;
 use super::{Config, ExecSpec, WatchSpec};
 
 /// What the manager runs: the remotes, what is cached on each, and the
 /// process, if the manager is one.
 #[derive(Debug, Clone, Default)]
 pub struct Plan {
-    /// The remotes this replica holds, in config order.
-    pub remotes: Vec<ResolvedRemote>,
+    /// The remotes this replica holds, in config order (the discovered
+    /// ones after the static ones).
+    pub remotes: Remotes,
     /// The resource types the built-in manager caches on every remote.
     pub watch: Vec<WatchSpec>,
     /// The process the exec manager runs, when the manager is one.
@@ -25,7 +26,7 @@ pub struct Plan {
 impl Plan {
     /// The plan for `remotes` under `config`.
     #[must_use]
-    pub fn new(config: &Config, remotes: Vec<ResolvedRemote>) -> Self {
+    pub fn new(config: &Config, remotes: Remotes) -> Self {
         Self {
             remotes,
             watch: config.watch.clone(),

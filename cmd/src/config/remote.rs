@@ -12,6 +12,7 @@ use tether_probes::client::without_userinfo;
 use tether_probes::{Identity, Remote};
 use tracing::warn;
 
+use super::ranked::Remotes;
 use super::sources::{Role, SourceFile};
 use super::{Config, ConfigError, RemoteSource, RemoteSpec};
 
@@ -89,21 +90,19 @@ impl std::fmt::Debug for ResolvedRemote {
 /// planner keeps its own copies, so a list of files there would be one
 /// more copy of every path (about 300 bytes a remote at 10,000).
 #[must_use]
-pub fn handed(remotes: &[ResolvedRemote]) -> Arc<Vec<ResolvedRemote>> {
-    Arc::new(
-        remotes
-            .iter()
-            .map(|r| ResolvedRemote {
-                name: r.name.clone(),
-                required: r.required,
-                source: r.source.clone(),
-                config: Arc::clone(&r.config),
-                identity: Arc::clone(&r.identity),
-                files: Vec::new(),
-                generation: r.generation,
-            })
-            .collect(),
-    )
+pub fn handed(remotes: &[ResolvedRemote]) -> Remotes {
+    remotes
+        .iter()
+        .map(|r| ResolvedRemote {
+            name: r.name.clone(),
+            required: r.required,
+            source: r.source.clone(),
+            config: Arc::clone(&r.config),
+            identity: Arc::clone(&r.identity),
+            files: Vec::new(),
+            generation: r.generation,
+        })
+        .collect()
 }
 
 impl ResolvedRemote {
@@ -547,26 +546,10 @@ pub async fn resolve(config: &Config) -> Result<Vec<ResolvedRemote>, ConfigError
     Ok(remotes)
 }
 
-/// The remotes' names.
-#[must_use]
-pub fn names(remotes: &[ResolvedRemote]) -> std::collections::BTreeSet<String> {
-    remotes.iter().map(|r| r.name.clone()).collect()
-}
-
 /// The remotes as the probes take them.
 #[must_use]
 pub fn probed(remotes: &[ResolvedRemote]) -> Vec<Remote> {
     remotes.iter().map(ResolvedRemote::probed).collect()
-}
-
-/// Each remote's key for sharding, by name: its normalized URL, so the
-/// names that share an apiserver share an owner (and one probe).
-#[must_use]
-pub fn keys(remotes: &[ResolvedRemote]) -> std::collections::BTreeMap<String, String> {
-    remotes
-        .iter()
-        .map(|r| (r.name.clone(), r.identity.url.clone()))
-        .collect()
 }
 
 #[cfg(test)]
@@ -582,7 +565,7 @@ mod tests {
         remote.files = vec![SourceFile::read(Role::TokenFile, "/nonexistent/token")];
         remote.generation = 7;
         let handed = handed(std::slice::from_ref(&remote));
-        let [given] = handed.as_slice() else {
+        let [given] = handed.iter().collect::<Vec<_>>()[..] else {
             panic!("one remote handed, not {}", handed.len());
         };
         assert!(given.files.is_empty());

@@ -146,9 +146,9 @@ impl Daemon {
             reading: 0,
         });
         let (planner, desired) = Planner::new(statics_rx, discovery.clone(), shard.clone());
-        let discovered = desired.borrow().keys.len().saturating_sub(remotes.len());
+        let discovered = desired.borrow().all.len().saturating_sub(remotes.len());
 
-        let probe_set = new_probes(&config, &registry, &desired.borrow().probes)?;
+        let probe_set = new_probes(&config, &registry, &desired.borrow().probes())?;
         let probes = probe_set.handle();
         let rechecks = rechecks(&probe_set);
         let (manager, manager_handle) = managers::build(

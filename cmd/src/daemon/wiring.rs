@@ -15,7 +15,7 @@ use tracing::warn;
 
 use super::{Parts, StartError};
 use crate::admin::{self, Admin, Heartbeats, Sources};
-use crate::config::remote::ResolvedRemote;
+use crate::config::ranked::Remotes;
 use crate::config::{Config, ConfigError};
 use crate::desired::{self, Desired, Planner, Statics};
 use crate::events::{Events, Publisher, Reason};
@@ -208,11 +208,7 @@ impl Followers {
     /// when one was reloaded (which ends the running cycle), and waits until
     /// the probes and the manager follow the value that takes them in: at
     /// most [`FOLLOW_WAIT`] for each, as they do no I/O to get there.
-    pub(super) async fn hand_over(
-        &self,
-        config: Option<Arc<Config>>,
-        remotes: Arc<Vec<ResolvedRemote>>,
-    ) {
+    pub(super) async fn hand_over(&self, config: Option<Arc<Config>>, remotes: Remotes) {
         let config = config.unwrap_or_else(|| Arc::clone(&self.statics.borrow().config));
         let reading = self.statics.borrow().reading + 1;
         self.statics.send_replace(Statics {
@@ -285,7 +281,7 @@ async fn let_go(
             }
             runs.clone_from(&will);
         }
-        let held = now.share.clone().unwrap_or_default();
+        let held = now.share.as_deref().cloned().unwrap_or_default();
         let settled = async {
             let _ = synced.wait_for(|synced| *synced >= now.revision).await;
             let _ = running.wait_for(|running| running.is_subset(&held)).await;

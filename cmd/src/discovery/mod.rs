@@ -31,6 +31,7 @@ use self::secret::Skipped;
 use self::source::{Known, Outcome, Source};
 use crate::config::DiscoverySpec;
 use crate::config::discovery::HOME;
+use crate::config::ranked::Remotes;
 use crate::config::remote::ResolvedRemote;
 use crate::lock;
 
@@ -136,9 +137,9 @@ impl std::fmt::Display for Holder<'_> {
 /// and its Secret's name. The discovered remotes are kept in this order.
 pub type Place = (usize, String);
 
-/// The discovered remotes, by where they come from, as [`Discovery::update`]
-/// keeps them.
-pub type Found = BTreeMap<Place, ResolvedRemote>;
+/// The discovered remotes by name, each with where it comes from, as
+/// [`Discovery::update`] keeps them.
+pub type Found = BTreeMap<String, (Place, ResolvedRemote)>;
 
 /// What one source gives, as last taken in: what `/status` and the metrics
 /// show.
@@ -176,7 +177,7 @@ struct Merged {
 impl Merged {
     /// Takes in the static remotes' names (and the home cluster's), adding
     /// to `names` those reserved now or no longer.
-    fn reserve(&mut self, statics: &[ResolvedRemote], names: &mut BTreeSet<String>) {
+    fn reserve(&mut self, statics: &Remotes, names: &mut BTreeSet<String>) {
         let mut now: BTreeMap<String, Holder<'static>> = statics
             .iter()
             .map(|r| (r.name.clone(), Holder::Static))
@@ -209,7 +210,8 @@ impl Merged {
                     self.claims.remove(&name);
                 }
             }
-            if found.remove(place).is_some() {
+            if found.get(&name).is_some_and(|(at, _)| at == place) {
+                found.remove(&name);
                 self.given[*index].remotes -= 1;
             }
             names.insert(name);
@@ -250,6 +252,11 @@ impl Merged {
         };
         let reserved = self.reserved.get(name).copied();
         let Some(first) = of.first() else { return };
+        if reserved.is_some()
+            && let Some(((at, _), _)) = found.remove(name)
+        {
+            self.given[at].remotes -= 1;
+        }
         let holder = reserved.unwrap_or(Holder::Secret {
             namespace: &sources[first.0].spec.namespace,
             secret: &first.1,
@@ -260,16 +267,20 @@ impl Merged {
             else {
                 continue;
             };
-            let given = &mut self.given[place.0];
             if reserved.is_none() && place == first {
-                given.skipped.remove(&place.1);
-                if found.insert(place.clone(), remote.clone()).is_none() {
-                    given.remotes += 1;
+                self.given[place.0].skipped.remove(&place.1);
+                let entry = (place.clone(), remote.clone());
+                match found.insert(name.to_owned(), entry) {
+                    Some((was, _)) if was == *place => {}
+                    was => {
+                        if let Some((was, _)) = was {
+                            self.given[was.0].remotes -= 1;
+                        }
+                        self.given[place.0].remotes += 1;
+                    }
                 }
             } else {
-                if found.remove(place).is_some() {
-                    given.remotes -= 1;
-                }
+                let given = &mut self.given[place.0];
                 let why = SkippedSecret {
                     secret: shown(&place.1),
                     skipped: Skipped {
@@ -410,13 +421,14 @@ impl Discovery {
     /// new: the first call, and each reload. `found` is the map that only
     /// these calls change; each call costs work in proportion to the
     /// Secrets that changed (and to the static remotes, when they are new),
-    /// not to the remotes.
+    /// not to the remotes. The names whose remote in `found` may have
+    /// changed.
     ///
     /// Sources are in config order, and each source's Secrets in name
     /// order. A name that tether reserves (the home cluster's), a static
     /// remote or an earlier Secret already has is an error on the later
     /// Secret alone. The metrics and the status follow.
-    pub fn update(&self, statics: Option<&[ResolvedRemote]>, found: &mut Found) {
+    pub fn update(&self, statics: Option<&Remotes>, found: &mut Found) -> BTreeSet<String> {
         let mut known: Vec<_> = self.sources.iter().map(|s| lock(&s.known)).collect();
         let mut merged = lock(&self.merged);
         merged.given.resize_with(self.sources.len(), Given::default);
@@ -463,6 +475,7 @@ impl Discovery {
                 }
             }
         }
+        names
     }
 
     /// Sets `tether_discovery_errors{source, secret}` to 1, or removes it.
@@ -564,10 +577,10 @@ mod tests {
             ("edge-1-again", Outcome::Found(remote("edge-1"))),
             ("s", Outcome::Found(remote("s"))),
         ]);
-        let taken = [remote("s")];
+        let taken: Remotes = [remote("s")].into_iter().collect();
         let mut found = Found::new();
         discovery.update(Some(&taken), &mut found);
-        let found: Vec<String> = found.into_values().map(|r| r.name).collect();
+        let found: Vec<String> = found.into_values().map(|(_, r)| r.name).collect();
         assert_eq!(found, ["edge-1"]);
         let status = discovery.status();
         let skipped: Vec<(&str, &str, &str)> = status[0]
@@ -609,7 +622,7 @@ mod tests {
                 message: "is missing".to_owned(),
             }),
         )]);
-        discovery.update(Some(&[]), &mut Found::new());
+        discovery.update(Some(&Remotes::default()), &mut Found::new());
         let shown = &discovery.status()[0].skipped[0].secret;
         assert!(!shown.chars().any(char::is_control), "{shown:?}");
         assert!(shown.contains("\\u{1b}"), "{shown:?}");
@@ -626,7 +639,7 @@ mod tests {
         lock(&discovery.sources[0].known).failing =
             Some(("no answer within 30s".to_owned(), SystemTime::now()));
         let mut found = Found::new();
-        discovery.update(Some(&[]), &mut found);
+        discovery.update(Some(&Remotes::default()), &mut found);
         let failing = || {
             discovery
                 .errors
@@ -762,7 +775,7 @@ mod tests {
             let discovery = sources_in(&["a", "b"]);
             let mut found = Found::new();
             let mut statics: BTreeSet<String> = BTreeSet::new();
-            let mut reload: Option<Vec<ResolvedRemote>> = Some(Vec::new());
+            let mut reload: Option<Remotes> = Some(Remotes::default());
             for step in steps.into_iter().chain([Step::Update]) {
                 match step {
                     Step::Put(source, secret, outcome) => {
@@ -795,11 +808,14 @@ mod tests {
                             failing.then(|| ("no answer".to_owned(), SystemTime::now()));
                     }
                     Step::Update => {
-                        discovery.update(reload.take().as_deref(), &mut found);
+                        discovery.update(reload.take().as_ref(), &mut found);
                         let (winners, per_source, series) = whole(&discovery, &statics);
                         let kept: BTreeMap<Place, (String, u64)> = found
                             .iter()
-                            .map(|(place, r)| (place.clone(), (r.name.clone(), r.generation)))
+                            .map(|(name, (place, r))| {
+                                assert_eq!(*name, r.name);
+                                (place.clone(), (r.name.clone(), r.generation))
+                            })
                             .collect();
                         proptest::prop_assert_eq!(kept, winners);
                         let status: Status = discovery

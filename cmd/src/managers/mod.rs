@@ -94,10 +94,12 @@ impl ManagerFactory for Manager {
 /// `remotes` as a cycle uses them: a required one's loss ends the cycle,
 /// an optional one's stops its own part; each at its generation, so that
 /// one read anew is rebuilt.
-pub(crate) fn used_remotes(remotes: &[crate::config::remote::ResolvedRemote]) -> UsedRemotes {
+pub(crate) fn used_remotes<'a>(
+    remotes: impl IntoIterator<Item = &'a crate::config::remote::ResolvedRemote>,
+) -> UsedRemotes {
     UsedRemotes::Only(
         remotes
-            .iter()
+            .into_iter()
             .map(|remote| {
                 let used = if remote.required {
                     UsedRemote::ends_cycle(&remote.name)

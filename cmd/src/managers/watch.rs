@@ -110,12 +110,8 @@ impl CacheState {
 pub type Caches = BTreeMap<(String, String), CacheState>;
 
 /// The remotes the manager uses: none when it watches nothing.
-fn used(plan: &Plan) -> &[ResolvedRemote] {
-    if plan.watch.is_empty() {
-        &[]
-    } else {
-        &plan.remotes
-    }
+fn used(plan: &Plan) -> impl Iterator<Item = &ResolvedRemote> {
+    plan.remotes.iter().filter(|_| !plan.watch.is_empty())
 }
 
 #[derive(Debug)]
@@ -167,12 +163,7 @@ impl Shared {
 
     /// The remote `name` as the newest plan has it.
     fn remote(&self, name: &str) -> Option<ResolvedRemote> {
-        lock(&self.plan)
-            .1
-            .remotes
-            .iter()
-            .find(|r| r.name == name)
-            .cloned()
+        lock(&self.plan).1.remotes.get(name).cloned()
     }
 
     /// Counts one more or one fewer part of `remote` running.
@@ -220,7 +211,7 @@ impl Shared {
     /// planned are deleted, the rest start unsynced.
     fn reset_caches(&self, plan: &Plan) {
         self.follow_plan(plan);
-        for remote in &plan.remotes {
+        for remote in plan.remotes.iter() {
             self.unsync(&remote.name, &plan.watch);
         }
     }
@@ -781,7 +772,7 @@ impl ManagerFactory for WatchManager {
             count: BTreeMap::new(),
             required: BTreeMap::new(),
             next: 0,
-            watch: Arc::new(if used(&plan).is_empty() {
+            watch: Arc::new(if used(&plan).next().is_none() {
                 Vec::new()
             } else {
                 plan.watch.clone()

@@ -619,7 +619,7 @@ pub(crate) async fn start_in_process_with(
         label_selector: None,
     }];
     let plan = Plan {
-        remotes: resolved,
+        remotes: resolved.into_iter().collect(),
         watch,
         exec: None,
     };

@@ -109,7 +109,7 @@ mod tests {
         let mut remotes = vec![remote("required", true)];
         remotes.extend(optional.iter().map(|name| remote(name, false)));
         Plan {
-            remotes,
+            remotes: remotes.into_iter().collect(),
             watch: Vec::new(),
             exec: None,
         }

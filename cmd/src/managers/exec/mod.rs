@@ -793,7 +793,7 @@ impl ManagerFactory for ExecManager {
     /// Every remote of the plan: a required one's loss ends the cycle, an
     /// optional one's is the manager's to take in.
     fn remotes(&self) -> UsedRemotes {
-        super::used_remotes(&lock(&self.shared.plan).remotes)
+        super::used_remotes(lock(&self.shared.plan).remotes.iter())
     }
 
     /// A process started against a lost required remote could only wait
