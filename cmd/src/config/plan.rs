@@ -47,6 +47,9 @@ impl Plan {
     /// Every `(remote, resource)` pair the built-in manager caches.
     #[must_use]
     pub fn pairs(&self) -> BTreeSet<(String, String)> {
+        if self.watch.is_empty() {
+            return BTreeSet::new();
+        }
         self.remotes
             .iter()
             .flat_map(|r| {

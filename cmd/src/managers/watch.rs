@@ -111,7 +111,8 @@ pub type Caches = BTreeMap<(String, String), CacheState>;
 
 /// The remotes the manager uses: none when it watches nothing.
 fn used(plan: &Plan) -> impl Iterator<Item = &ResolvedRemote> {
-    plan.remotes.iter().filter(|_| !plan.watch.is_empty())
+    let watches = !plan.watch.is_empty();
+    watches.then(|| plan.remotes.iter()).into_iter().flatten()
 }
 
 #[derive(Debug)]
