@@ -151,7 +151,7 @@ impl Desired {
     #[must_use]
     pub fn from(inputs: &Inputs) -> Self {
         let empty = Self {
-            revision: 0,
+            revision: 1,
             probes_changed: Arc::default(),
             plan: Arc::new(Plan::new(&inputs.statics.config, Remotes::default())),
             all: Remotes::default(),
@@ -165,8 +165,7 @@ impl Desired {
             config: Arc::clone(&inputs.statics.config),
         };
         let (mut first, _) = empty.apply(inputs, &inputs.names());
-        (first.revision, first.manager, first.cause) = (1, 1, None);
-        (first.remotes, first.remotes_cause) = (1, None);
+        // There is no value before the first.
         first.probes_changed = Arc::default();
         first
     }
@@ -261,8 +260,13 @@ impl Desired {
         for (rank, remote) in to_all {
             all.insert(rank, remote.clone());
         }
-        for (rank, remote) in to_run {
-            running.insert(rank, remote.clone());
+        if inputs.share.is_none() {
+            // It runs every remote: one map, not two alike.
+            running = all.clone();
+        } else {
+            for (rank, remote) in to_run {
+                running.insert(rank, remote.clone());
+            }
         }
         let own = |c: &Config| (c.watch.clone(), c.exec.clone());
         let own_changed = own(&self.config) != own(&inputs.statics.config);
