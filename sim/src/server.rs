@@ -11,7 +11,9 @@
 //!   deleted cluster does not say goodbye.
 //! - While the fault is `refuse` or `refuse_new`, no listener exists, so the
 //!   kernel refuses connections; one accepted while the listener closes is
-//!   reset. Leaving the fault binds the same port again.
+//!   reset. Leaving the fault binds the same port again, so a server asked
+//!   for any port gets one outside the kernel's ephemeral range: no
+//!   outgoing connection can take it while it is free.
 //! - Under `refuse_new`, established connections are served, but every
 //!   watch is cut: its connection is reset, whether the watch was open when
 //!   the fault began or started on a kept connection since.
@@ -41,7 +43,8 @@ use crate::{Error, Fault, Kubeconfig, Resource, Result};
 /// How to start a simulated apiserver.
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// The address to listen on. Default `127.0.0.1:0`, an ephemeral port.
+    /// The address to listen on. Default `127.0.0.1:0`: any free port
+    /// below the kernel's ephemeral range.
     pub addr: SocketAddr,
     /// Serve HTTPS with a CA of the server's own. Default `false`.
     pub tls: bool,
@@ -345,6 +348,36 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener> {
         .map_err(|source| Error::Bind { addr, source })
 }
 
+/// The first port of the kernel's ephemeral range, which it gives outgoing
+/// connections and binds to port 0.
+fn ephemeral_from() -> Option<u16> {
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+    range.split_whitespace().next()?.parse().ok()
+}
+
+/// The lowest port [`bind_new`] picks from.
+const FIRST_PORT: u16 = 10_000;
+
+/// `addr`, or, when it asks for any port (0), a free port of its address
+/// below the ephemeral range. A server that leaves `refuse` binds its port
+/// again, and an ephemeral port left free meanwhile may be taken by any
+/// outgoing connection on the machine (seen under load as `AddrInUse`).
+async fn bind_new(addr: SocketAddr) -> Result<TcpListener> {
+    let below = ephemeral_from().unwrap_or(0);
+    if addr.port() != 0 || below <= FIRST_PORT {
+        return bind(addr).await;
+    }
+    for _ in 0..256 {
+        let port = SocketAddr::new(addr.ip(), fastrand::u16(FIRST_PORT..below));
+        match TcpListener::bind(port).await {
+            Ok(listener) => return Ok(listener),
+            Err(err) if err.kind() == std::io::ErrorKind::AddrInUse => {}
+            Err(source) => return Err(Error::Bind { addr, source }),
+        }
+    }
+    bind(addr).await
+}
+
 impl ApiServer {
     /// Starts a server with `options`.
     ///
@@ -353,7 +386,7 @@ impl ApiServer {
     /// [`Error::Bind`] if the address is taken, and [`Error::Tls`] or
     /// [`Error::Rustls`] if the certificates cannot be made.
     pub async fn start(options: Options) -> Result<Self> {
-        let listener = bind(options.addr).await?;
+        let listener = bind_new(options.addr).await?;
         let addr = listener.local_addr().map_err(|source| Error::Bind {
             addr: options.addr,
             source,
@@ -814,5 +847,34 @@ async fn serve_connection(
             }
         }
         () = kill.cancelled() => reset(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server asked for any port listens below the ephemeral range, so
+    /// that no outgoing connection can take its port while a `refuse`
+    /// fault has it free, and it binds that port again when the fault ends.
+    #[tokio::test]
+    async fn any_port_is_below_the_ephemeral_range_and_kept_across_a_refusal() {
+        let below = ephemeral_from().expect("the kernel's ephemeral range");
+        let server = ApiServer::start(Options::default())
+            .await
+            .expect("a server");
+        let port = server.addr().port();
+        assert!(
+            (FIRST_PORT..below).contains(&port),
+            "{port} is not in {FIRST_PORT}..{below}"
+        );
+        server.set_fault(Fault::Refuse).await.expect("refuse");
+        assert!(
+            std::net::TcpStream::connect(server.addr()).is_err(),
+            "refused"
+        );
+        server.set_fault(Fault::Up).await.expect("up");
+        assert_eq!(server.addr().port(), port);
+        std::net::TcpStream::connect(server.addr()).expect("listening again");
     }
 }
