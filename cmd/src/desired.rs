@@ -172,7 +172,9 @@ impl Desired {
 
     /// The value after `self` that `inputs` give, and what changed; `self`
     /// again, with nothing changed, if nothing did. Every remote is
-    /// looked at: [`next_of`](Self::next_of) looks at those named alone.
+    /// looked at, as the tests compare: the planner uses
+    /// [`next_of`](Self::next_of), which looks at those named alone.
+    #[cfg(test)]
     #[must_use]
     pub fn next(&self, inputs: &Inputs) -> (Self, Change) {
         let mut names = inputs.names();
@@ -572,7 +574,6 @@ mod tests {
     use futures_util::{FutureExt as _, StreamExt as _};
 
     use super::*;
-    use crate::config::RemoteSource;
 
     fn config() -> Arc<Config> {
         Arc::new(
@@ -586,9 +587,7 @@ mod tests {
     }
 
     fn remote(name: &str, host: &str) -> ResolvedRemote {
-        let config = kube::Config::new(format!("https://{host}:6443").parse().expect("a URL"));
-        ResolvedRemote::new(name, true, RemoteSource::Inferred, Arc::new(config))
-            .expect("a server to probe")
+        ResolvedRemote::on(name, host)
     }
 
     /// The remote `name` as a Secret of its own name gives it.

@@ -116,15 +116,10 @@ impl FromIterator<ResolvedRemote> for Remotes {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
-    use crate::config::RemoteSource;
 
     fn remote(name: &str) -> ResolvedRemote {
-        let config = kube::Config::new("https://h:6443".parse().expect("a URL"));
-        ResolvedRemote::new(name, true, RemoteSource::Inferred, Arc::new(config))
-            .expect("a server to probe")
+        ResolvedRemote::on(name, "h")
     }
 
     fn names(remotes: &Remotes) -> Vec<&str> {

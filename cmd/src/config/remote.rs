@@ -115,6 +115,14 @@ impl ResolvedRemote {
             Arc::clone(&self.identity),
         )
     }
+
+    /// A required remote `name` of `https://{host}:6443`, read now: for the
+    /// tests.
+    #[cfg(test)]
+    pub(crate) fn on(name: &str, host: &str) -> Self {
+        let config = kube::Config::new(format!("https://{host}:6443").parse().expect("a URL"));
+        Self::new(name, true, RemoteSource::Inferred, Arc::new(config)).expect("a server to probe")
+    }
 }
 
 /// The innermost cause's message.

@@ -8,10 +8,11 @@
 //! - here: the sources together, the names they give merged with the
 //!   static remotes', the home cluster's probe, the metrics and the status.
 //!
-//! The daemon hears of each change through [`Discovery::changes`], takes
-//! the set with [`Discovery::remotes`], and hands it on as it does a
-//! reload's: probes for the new remotes, none for those gone, and a new
-//! plan for the manager.
+//! The planner hears of each change through [`Discovery::changes`], takes
+//! in what changed with [`Discovery::update`] (the names whose remote came,
+//! went or was read anew), and hands it on as it does a reload's: probes
+//! for the new remotes, none for those gone, and a new plan for the
+//! manager.
 
 pub mod secret;
 mod source;
@@ -522,12 +523,10 @@ impl Discovery {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{RemoteSource, SecretFormat};
+    use crate::config::SecretFormat;
 
     fn remote(name: &str) -> ResolvedRemote {
-        let config = kube::Config::new("https://h:6443".parse().expect("a URL"));
-        ResolvedRemote::new(name, true, RemoteSource::Inferred, Arc::new(config))
-            .expect("a server to probe")
+        ResolvedRemote::on(name, "h")
     }
 
     /// A discovery of a source in each of `namespaces`, knowing nothing.
