@@ -158,12 +158,12 @@ fn lists_since(remotes: &mut Remotes, before: &[u64], servers: usize) -> Result<
 
 /// tether's wrapper: under callgrind (`--callgrind`), uninstrumented until
 /// the trials, as a start at 10,000 remotes is minutes of TLS handshakes
-/// at callgrind's pace.
+/// at callgrind's pace; else `--wrap`'s command, if any.
 fn wrap(args: &Args, remotes: &Remotes) -> Vec<String> {
     if args.callgrind {
         callgrind_wrap(remotes, &["--instr-atstart=no"])
     } else {
-        Vec::new()
+        args.wrapper()
     }
 }
 

@@ -53,12 +53,7 @@ pub(crate) fn scale(args: &Args) -> Result<Value> {
     let wrap: Vec<String> = if args.callgrind {
         callgrind_wrap(&remotes, &[])
     } else {
-        args.wrap
-            .as_deref()
-            .unwrap_or_default()
-            .split_whitespace()
-            .map(str::to_owned)
-            .collect()
+        args.wrapper()
     };
     let mut tether = start_tether_under(&config, &wrap)?;
     let warmup = until_all_reachable(&mut tether, &admin, configured)?;

@@ -170,6 +170,18 @@ struct Args {
     serve_count: Option<usize>,
 }
 
+impl Args {
+    /// `--wrap`'s command line, or none.
+    fn wrapper(&self) -> Vec<String> {
+        self.wrap
+            .as_deref()
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
 /// What serves the remotes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Apiservers {

@@ -265,10 +265,7 @@ pub(crate) fn shards(args: &Args) -> Result<Value> {
         );
         let config = tether_config_as(&remotes, count, &format!("tether-{i}.yaml"), &head)?;
         // The first replica runs under `--wrap`, if given (a heap profile).
-        let wrap: Vec<String> = match (i, &args.wrap) {
-            (0, Some(wrap)) => wrap.split_whitespace().map(str::to_owned).collect(),
-            _ => Vec::new(),
-        };
+        let wrap = if i == 0 { args.wrapper() } else { Vec::new() };
         tethers.push(start_tether_under(&config, &wrap)?);
         admins.push(admin);
     }
