@@ -86,7 +86,7 @@ async fn discover(
     if config.discovery.is_empty() {
         return Ok((Vec::new(), None));
     }
-    let discovery = Discovery::start(&config.discovery, &prometheus::Registry::new())
+    let discovery = Discovery::start(&config.discovery, false, &prometheus::Registry::new())
         .await
         .map_err(|err| {
             eprintln!(

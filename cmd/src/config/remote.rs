@@ -412,9 +412,11 @@ pub async fn resolve_one(
                 ),
             )),
         },
-        RemoteSource::Secret(secret) => from_secret(&secret.kubeconfig)
-            .await
-            .map(|c| (c, Vec::new())),
+        // Discovery builds its remotes (`discovered`); a config has none.
+        RemoteSource::Secret(_) => Err((
+            "",
+            "a discovered remote is read from its Secret, not from the config".to_owned(),
+        )),
     };
     loaded
         .and_then(|(kube_config, files)| {
@@ -455,8 +457,8 @@ async fn from_secret(kubeconfig: &Kubeconfig) -> Result<kube::Config, FieldError
         })
 }
 
-/// A remote a discovery source found: `secret`'s kubeconfig, loaded and
-/// checked as a configured remote's is.
+/// A remote a discovery source found in `secret`: `kubeconfig`, the one it
+/// carries, loaded and checked as a configured remote's is.
 ///
 /// # Errors
 ///
@@ -465,9 +467,10 @@ async fn from_secret(kubeconfig: &Kubeconfig) -> Result<kube::Config, FieldError
 pub async fn discovered(
     name: &str,
     required: bool,
+    kubeconfig: &Kubeconfig,
     secret: Arc<super::SecretSource>,
 ) -> Result<ResolvedRemote, (&'static str, String)> {
-    let (config, identity) = from_secret(&secret.kubeconfig)
+    let (config, identity) = from_secret(kubeconfig)
         .await
         .and_then(|config| finish(config, name, Origin::Secret))
         .map_err(|(field, message)| (field.trim_start_matches('.'), message))?;

@@ -58,8 +58,12 @@ pub struct SecretSource {
     pub name: String,
     /// A digest of its data: the same digest, the same settings.
     pub digest: Vec<u8>,
-    /// How to reach the cluster, credentials included (never logged).
-    pub kubeconfig: kube::config::Kubeconfig,
+    /// How to reach the cluster, as JSON (credentials included, never
+    /// logged): what the exec manager's process is given. Kept with the
+    /// exec manager alone (a switch of manager takes a restart): nothing
+    /// else reads it once the remote's kube configuration is built, and
+    /// parsed it cost about 2.9 KiB of heap a remote.
+    pub kubeconfig: Option<secrecy::SecretSlice<u8>>,
 }
 
 impl PartialEq for SecretSource {

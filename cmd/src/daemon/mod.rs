@@ -373,7 +373,9 @@ async fn start_discovery(
     if config.discovery.is_empty() {
         return Ok(None);
     }
-    let discovery = Discovery::start(&config.discovery, registry)
+    // The exec manager hands each discovered cluster's kubeconfig to its
+    // process; the built-in one needs only the kube configuration.
+    let discovery = Discovery::start(&config.discovery, config.exec.is_some(), registry)
         .await
         .map_err(|err| match err {
             discovery::Error::Config(message) => StartError::Config(ConfigError::new(

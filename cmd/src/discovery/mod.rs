@@ -310,12 +310,17 @@ pub struct Discovery {
 
 impl Discovery {
     /// Starts a reflector for each of `specs` (at least one; they share one
-    /// home cluster). Its metrics go in `registry`.
+    /// home cluster). Its metrics go in `registry`. Each remote keeps its
+    /// Secret's kubeconfig if `keep_kubeconfigs` (for the exec manager).
     ///
     /// # Errors
     ///
     /// [`Error`]: the home cluster's config or client, or the metrics.
-    pub async fn start(specs: &[DiscoverySpec], registry: &Registry) -> Result<Self, Error> {
+    pub async fn start(
+        specs: &[DiscoverySpec],
+        keep_kubeconfigs: bool,
+        registry: &Registry,
+    ) -> Result<Self, Error> {
         let kubeconfig = specs.first().and_then(|s| s.kubeconfig.clone());
         let config = home_config(kubeconfig.as_deref()).await?;
         let home = Remote::new(HOME.to_owned(), Arc::new(config.clone()));
@@ -327,7 +332,7 @@ impl Discovery {
         .await
         .map_err(|e| Error::Client(e.to_string()))?
         .map_err(|e| Error::Client(tether_probes::client::root_cause(&e)))?;
-        let (discovery, notify) = Self::new(specs, home, registry)?;
+        let (discovery, notify) = Self::new(specs, keep_kubeconfigs, home, registry)?;
         for source in &discovery.sources {
             tokio::spawn(Arc::clone(source).run(
                 client.clone(),
@@ -343,6 +348,7 @@ impl Discovery {
     /// their changes on.
     fn new(
         specs: &[DiscoverySpec],
+        keep_kubeconfigs: bool,
         home: Remote,
         registry: &Registry,
     ) -> Result<(Self, watch::Sender<u64>), Error> {
@@ -369,6 +375,7 @@ impl Discovery {
                 found.with_label_values(&[&spec.label()]).set(0);
                 Arc::new(Source {
                     spec: spec.clone(),
+                    keep_kubeconfigs,
                     known: Mutex::new(Known::default()),
                 })
             })
@@ -547,7 +554,8 @@ mod tests {
                 "https://home:6443".parse().expect("a URL"),
             )),
         );
-        let (discovery, _) = Discovery::new(&specs, home, &Registry::new()).expect("discovery");
+        let (discovery, _) =
+            Discovery::new(&specs, false, home, &Registry::new()).expect("discovery");
         discovery
     }
 

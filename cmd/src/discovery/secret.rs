@@ -11,6 +11,7 @@ use base64::Engine as _;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::config::{AuthInfo, Cluster, Kubeconfig};
+use secrecy::SecretSlice;
 use serde::Deserialize;
 
 use crate::config::SecretFormat;
@@ -25,9 +26,10 @@ pub(super) const CLUSTER_NAME: &str = "cluster.x-k8s.io/cluster-name";
 pub const MAX_VALUE: usize = 256 * 1024;
 
 /// The most tether keeps of one discovered cluster's kubeconfig, as JSON:
-/// 64 KiB. It is kept while the Secret is, and written for the exec
-/// manager's process at each cycle; only what reaching the cluster needs
-/// is kept (its current context, cluster and user, without extensions).
+/// 64 KiB. With the exec manager it is kept while the Secret is, and
+/// written for the manager's process at each cycle; only what reaching the
+/// cluster needs is kept (its current context, cluster and user, without
+/// extensions).
 pub const MAX_KEPT: usize = 64 * 1024;
 
 /// A cluster a Secret describes.
@@ -37,6 +39,9 @@ pub struct Found {
     pub name: String,
     /// How to reach it, credentials included (never logged).
     pub kubeconfig: Kubeconfig,
+    /// `kubeconfig` as JSON (credentials included, never logged), at most
+    /// [`MAX_KEPT`] bytes: what the exec manager's process is given.
+    pub json: SecretSlice<u8>,
 }
 
 impl std::fmt::Debug for Found {
@@ -84,9 +89,11 @@ pub fn read(format: SecretFormat, secret: &Secret) -> Result<Option<Found>, Skip
     let found = match format {
         SecretFormat::ArgoCd => {
             let name = text(data, "name")?;
+            let (kubeconfig, json) = argocd(&name, data)?;
             Found {
-                kubeconfig: argocd(&name, data)?,
                 name,
+                kubeconfig,
+                json,
             }
         }
         SecretFormat::ClusterApi => {
@@ -101,15 +108,21 @@ pub fn read(format: SecretFormat, secret: &Secret) -> Result<Option<Found>, Skip
             if secret_name != format!("{cluster}-kubeconfig") {
                 return Ok(None);
             }
+            let (kubeconfig, json) = kubeconfig(data, "value")?;
             Found {
                 name: cluster.clone(),
-                kubeconfig: kubeconfig(data, "value")?,
+                kubeconfig,
+                json,
             }
         }
-        SecretFormat::Kubeconfig => Found {
-            name: secret_name.to_owned(),
-            kubeconfig: kubeconfig(data, "kubeconfig")?,
-        },
+        SecretFormat::Kubeconfig => {
+            let (kubeconfig, json) = kubeconfig(data, "kubeconfig")?;
+            Found {
+                name: secret_name.to_owned(),
+                kubeconfig,
+                json,
+            }
+        }
     };
     let field = if format == SecretFormat::ArgoCd {
         "data.name"
@@ -188,8 +201,8 @@ fn parse_options() -> serde_saphyr::Options {
 }
 
 /// The kubeconfig under `key`: parsed within [`parse_options`], and only
-/// what reaching the cluster needs kept, at most [`MAX_KEPT`].
-fn kubeconfig(data: &BTreeMap<String, ByteString>, key: &str) -> Result<Kubeconfig, Skipped> {
+/// what reaching the cluster needs kept, at most [`MAX_KEPT`]; and as JSON.
+fn kubeconfig(data: &BTreeMap<String, ByteString>, key: &str) -> Result<Kept, Skipped> {
     let field = format!("data.{key}");
     let text = text(data, key)?;
     let documents: Vec<Kubeconfig> =
@@ -204,20 +217,24 @@ fn kubeconfig(data: &BTreeMap<String, ByteString>, key: &str) -> Result<Kubeconf
     within_kept(&field, kept)
 }
 
-/// `kubeconfig`, if what tether keeps of it is at most [`MAX_KEPT`].
-fn within_kept(field: &str, kubeconfig: Kubeconfig) -> Result<Kubeconfig, Skipped> {
-    let size = serde_json::to_vec(&kubeconfig).map_or(usize::MAX, |json| json.len());
-    if size > MAX_KEPT {
+/// A kubeconfig, and itself as JSON.
+type Kept = (Kubeconfig, SecretSlice<u8>);
+
+/// `kubeconfig` and its JSON, if that is at most [`MAX_KEPT`] bytes.
+fn within_kept(field: &str, kubeconfig: Kubeconfig) -> Result<Kept, Skipped> {
+    let json =
+        serde_json::to_vec(&kubeconfig).map_err(|_| skipped(field, "cannot be kept as JSON"))?;
+    if json.len() > MAX_KEPT {
         return Err(skipped(
             field,
             format!(
                 "the cluster and user it describes take {}, over the {} KiB tether keeps of one cluster",
-                crate::human::bytes(size),
+                crate::human::bytes(json.len()),
                 MAX_KEPT / 1024
             ),
         ));
     }
-    Ok(kubeconfig)
+    Ok((kubeconfig, json.into()))
 }
 
 /// Why `err` is no kubeconfig, without the parser's quote of the text it
@@ -313,7 +330,7 @@ struct ArgoTls {
 }
 
 /// The kubeconfig an Argo CD cluster Secret describes.
-fn argocd(name: &str, data: &BTreeMap<String, ByteString>) -> Result<Kubeconfig, Skipped> {
+fn argocd(name: &str, data: &BTreeMap<String, ByteString>) -> Result<Kept, Skipped> {
     let server = text(data, "server")?;
     let config: ArgoConfig = serde_json::from_slice(value(data, "config")?).map_err(|err| {
         skipped(
@@ -454,6 +471,7 @@ pub(super) fn secret(name: &str, labels: &[(&str, &str)], data: &[(&str, &[u8])]
 #[cfg(test)]
 mod tests {
     use super::*;
+    use secrecy::ExposeSecret as _;
 
     const KUBECONFIG: &str = "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://10.0.0.1:6443\n    certificate-authority-data: Zm9v\nusers:\n- name: u\n  user:\n    token: abc\ncontexts:\n- name: x\n  context: {cluster: c, user: u}\ncurrent-context: x\n";
 
@@ -668,15 +686,21 @@ mod tests {
         )
         .unwrap()
         .unwrap();
-        let kept = found.kubeconfig;
+        let json = found.json.expose_secret();
+        assert!(json.len() < 1024, "{} bytes kept", json.len());
+        // The JSON is the kubeconfig kept, whole: what the exec manager's
+        // process reads.
+        let kept: Kubeconfig = serde_json::from_slice(json).expect("a kubeconfig");
+        assert_eq!(
+            serde_json::to_value(&kept).expect("json"),
+            serde_json::to_value(&found.kubeconfig).expect("json")
+        );
         assert_eq!(kept.clusters.len(), 1);
         assert_eq!(kept.auth_infos.len(), 1);
         assert_eq!(kept.contexts.len(), 1);
         assert!(kept.extensions.is_none() && kept.preferences.is_none());
         let cluster = kept.clusters[0].cluster.as_ref().expect("its cluster");
         assert_eq!(cluster.server.as_deref(), Some("https://10.0.0.1:6443"));
-        let size = serde_json::to_vec(&kept).expect("json").len();
-        assert!(size < 1024, "{size} bytes kept");
     }
 
     #[test]

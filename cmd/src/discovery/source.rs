@@ -123,6 +123,9 @@ pub(super) struct Known {
 #[derive(Debug)]
 pub(super) struct Source {
     pub(super) spec: DiscoverySpec,
+    /// Whether each remote keeps its Secret's kubeconfig (as JSON), for
+    /// the exec manager's process.
+    pub(super) keep_kubeconfigs: bool,
     pub(super) known: Mutex<Known>,
 }
 
@@ -186,9 +189,10 @@ impl Source {
                     namespace: self.spec.namespace.clone(),
                     name: name.clone(),
                     digest: digest.clone(),
-                    kubeconfig: found.kubeconfig,
+                    kubeconfig: self.keep_kubeconfigs.then_some(found.json),
                 });
-                match remote::discovered(&found.name, self.spec.required, source).await {
+                let required = self.spec.required;
+                match remote::discovered(&found.name, required, &found.kubeconfig, source).await {
                     Ok(remote) => Outcome::Found(remote),
                     Err((field, message)) => Outcome::Skipped(Skipped {
                         field: secret::field_of(self.spec.format, field),
@@ -349,9 +353,9 @@ mod tests {
         secret::secret("s", labels, &[("value", data)])
     }
 
-    /// Why a source of `format` skips `secret`.
-    async fn skipped_as(format: crate::config::SecretFormat, secret: &Secret) -> Skipped {
-        let source = Source {
+    /// A source of `format`, knowing nothing yet.
+    fn source(format: crate::config::SecretFormat, keep_kubeconfigs: bool) -> Source {
+        Source {
             spec: DiscoverySpec {
                 namespace: "fleet".to_owned(),
                 format,
@@ -359,12 +363,47 @@ mod tests {
                 required: true,
                 kubeconfig: None,
             },
+            keep_kubeconfigs,
             known: Mutex::new(Known::default()),
-        };
-        match source.read(secret, None).await.outcome {
+        }
+    }
+
+    /// Why a source of `format` skips `secret`.
+    async fn skipped_as(format: crate::config::SecretFormat, secret: &Secret) -> Skipped {
+        match source(format, false).read(secret, None).await.outcome {
             Outcome::Skipped(skipped) => skipped,
             _ => panic!("{:?} was not skipped", secret.metadata.name),
         }
+    }
+
+    #[tokio::test]
+    async fn a_remote_keeps_its_secrets_kubeconfig_only_for_the_exec_manager() {
+        use crate::config::RemoteSource;
+        use secrecy::ExposeSecret as _;
+
+        let kubeconfig = "clusters: [{name: c, cluster: {server: \"https://10.0.0.1:6443\"}}]\nusers: [{name: u, user: {token: abc}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n";
+        let provider = secret::secret("edge-1", &[], &[("kubeconfig", kubeconfig.as_bytes())]);
+        let format = crate::config::SecretFormat::Kubeconfig;
+        let mut kept = Vec::new();
+        for keep in [true, false] {
+            kept.push(
+                match source(format, keep).read(&provider, None).await.outcome {
+                    Outcome::Found(remote) => match remote.source {
+                        RemoteSource::Secret(secret) => secret
+                            .kubeconfig
+                            .as_ref()
+                            .map(|json| json.expose_secret().to_vec()),
+                        other => panic!("a discovered remote from {other:?}"),
+                    },
+                    other => panic!("edge-1 gave no remote: {other:?}"),
+                },
+            );
+        }
+        let json = kept[0].as_deref().expect("kept for the exec manager");
+        let read: kube::config::Kubeconfig = serde_json::from_slice(json).expect("a kubeconfig");
+        let cluster = read.clusters[0].cluster.as_ref().expect("its cluster");
+        assert_eq!(cluster.server.as_deref(), Some("https://10.0.0.1:6443"));
+        assert_eq!(kept[1], None, "nothing else reads it");
     }
 
     #[tokio::test]

@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
+use secrecy::ExposeSecret as _;
 use tracing::{info, warn};
 
 use super::SetupError;
@@ -114,8 +115,14 @@ pub(super) fn write_remotes(dir: &Path, told: Written<'_>) -> std::io::Result<Pa
                 // The process gets the discovered cluster as a kubeconfig
                 // file of its own, readable by tether's user alone, in
                 // tether's private folder.
+                let kubeconfig = secret.kubeconfig.as_ref().ok_or_else(|| {
+                    std::io::Error::other(format!(
+                        "the kubeconfig of remote {} was not kept from its Secret",
+                        remote.name
+                    ))
+                })?;
                 let path = dir.join(format!("{}.kubeconfig", remote.name));
-                replace_private_file(&path, &serde_json::to_vec_pretty(&secret.kubeconfig)?)?;
+                replace_private_file(&path, kubeconfig.expose_secret())?;
                 written.insert(path.clone());
                 (Some(path), None)
             }
@@ -345,7 +352,11 @@ mod tests {
             namespace: "fleet".to_owned(),
             name: name.to_owned(),
             digest: Vec::new(),
-            kubeconfig: kube::config::Kubeconfig::default(),
+            kubeconfig: Some(
+                serde_json::to_vec(&kube::config::Kubeconfig::default())
+                    .expect("json")
+                    .into(),
+            ),
         }));
         let config = kube::Config::new("https://h:6443".parse().expect("a URL"));
         ResolvedRemote::new(name, true, source, Arc::new(config)).expect("a server to probe")
