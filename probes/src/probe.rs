@@ -633,6 +633,36 @@ mod tests {
         );
     }
 
+    #[tokio::test]
+    async fn a_kept_connection_holds_no_read_buffer_between_probes() {
+        use tether_testkit::{ApiServer, Options};
+
+        let server = ApiServer::start(Options::default().tls(true))
+            .await
+            .expect("a TLS server");
+        let kubeconfig = kube::config::Kubeconfig::from_yaml(&server.kubeconfig().to_yaml())
+            .expect("a kubeconfig");
+        let config = kube::Config::from_custom_kubeconfig(
+            kubeconfig,
+            &kube::config::KubeConfigOptions::default(),
+        )
+        .await
+        .expect("a config");
+        let mut client = probe_client(&config, &ProbeConfig::default()).expect("a client");
+        for probe in 1..=3 {
+            let result = probe_once(&mut client, "/readyz", Duration::from_secs(5), &[]).await;
+            assert!(result.ready(), "probe {probe}: {result:?}");
+            let Transport::Direct(direct) = &client.0 else {
+                panic!("a direct client")
+            };
+            let conn = direct.conn.as_ref().expect("the connection kept");
+            assert!(
+                !conn.stream.holds_a_buffer(),
+                "probe {probe} left its read buffer"
+            );
+        }
+    }
+
     #[test]
     fn userinfo_is_stripped_and_the_rest_kept() {
         let uri: http::Uri = "https://admin:pw@Example.com:6443/prefix?x=1"

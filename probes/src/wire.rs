@@ -335,6 +335,12 @@ impl Wire {
         }
     }
 
+    /// Whether it holds a read buffer.
+    #[cfg(test)]
+    pub(crate) fn holds_a_buffer(&self) -> bool {
+        matches!(self, Self::Tls(tls) if tls.incoming.capacity() > 0)
+    }
+
     /// Lets go of buffers once an exchange is over.
     pub(crate) fn idle(&mut self) {
         if let Self::Tls(tls) = self {
