@@ -191,6 +191,9 @@ pub(crate) async fn exchange<S: Transport>(
     request: &[u8],
 ) -> Result<Answer, ExchangeError> {
     stream.send(request).await.map_err(ExchangeError::Io)?;
+    // A probe waiting on its answer holds no buffer: at a start, thousands
+    // wait at once.
+    stream.ready().await.map_err(ExchangeError::Io)?;
     let mut buf = scratch::take();
     buf.reserve(FIRST_READ);
     let answer = answer(stream, &mut buf).await;
@@ -367,6 +370,11 @@ mod tests {
     impl Transport for DuplexStream {
         async fn send(&mut self, bytes: &[u8]) -> std::io::Result<()> {
             self.write_all(bytes).await
+        }
+
+        /// A duplex stream cannot say it is readable: `recv` waits.
+        async fn ready(&mut self) -> std::io::Result<()> {
+            Ok(())
         }
 
         async fn recv(&mut self, buf: &mut Vec<u8>) -> std::io::Result<usize> {

@@ -633,8 +633,8 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn a_kept_connection_holds_no_read_buffer_between_probes() {
+    /// A TLS server of the simulated apiserver, and a probe client for it.
+    async fn tls_server_and_client() -> (tether_testkit::ApiServer, ProbeClient) {
         use tether_testkit::{ApiServer, Options};
 
         let server = ApiServer::start(Options::default().tls(true))
@@ -648,7 +648,13 @@ mod tests {
         )
         .await
         .expect("a config");
-        let mut client = probe_client(&config, &ProbeConfig::default()).expect("a client");
+        let client = probe_client(&config, &ProbeConfig::default()).expect("a client");
+        (server, client)
+    }
+
+    #[tokio::test]
+    async fn a_kept_connection_holds_no_read_buffer_between_probes() {
+        let (_server, mut client) = tls_server_and_client().await;
         for probe in 1..=3 {
             let result = probe_once(&mut client, "/readyz", Duration::from_secs(5), &[]).await;
             assert!(result.ready(), "probe {probe}: {result:?}");
@@ -661,6 +667,40 @@ mod tests {
                 "probe {probe} left its read buffer"
             );
         }
+    }
+
+    /// At a start, thousands of connections wait on their peers at once:
+    /// none holds a read buffer until its peer has sent something.
+    #[tokio::test]
+    async fn a_connection_waiting_on_its_peer_holds_no_read_buffer() {
+        use crate::wire::Transport as _;
+
+        let (server, mut client) = tls_server_and_client().await;
+        let result = probe_once(&mut client, "/readyz", Duration::from_secs(5), &[]).await;
+        assert!(result.ready(), "{result:?}");
+        server
+            .set_fault(tether_testkit::Fault::Slow(Duration::from_secs(3600)))
+            .await
+            .expect("slow");
+        let Transport::Direct(direct) = &mut client.0 else {
+            panic!("a direct client")
+        };
+        let conn = direct.conn.as_mut().expect("the connection kept");
+        conn.stream
+            .send(b"GET /readyz HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .expect("sent");
+        let mut plain = Vec::new();
+        // One poll of the read: the answer is an hour away.
+        tokio::select! {
+            biased;
+            read = conn.stream.recv(&mut plain) => panic!("an answer: {read:?}"),
+            () = std::future::ready(()) => {}
+        }
+        assert!(
+            !conn.stream.holds_a_buffer(),
+            "a read buffer held while the peer is silent"
+        );
     }
 
     #[test]
