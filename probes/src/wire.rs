@@ -42,6 +42,13 @@ pub(crate) trait Transport {
     fn recv(&mut self, buf: &mut Vec<u8>) -> impl Future<Output = io::Result<usize>> + Send;
 }
 
+/// Resolves once `tcp` has something to read (or its end, or an error),
+/// on the socket's own read waker, not `readable()`'s waiter, which would
+/// add 150 bytes to the future of whoever waits.
+async fn readable(tcp: &TcpStream) -> io::Result<()> {
+    std::future::poll_fn(|cx| tcp.poll_read_ready(cx)).await
+}
+
 /// A kept connection.
 pub(crate) enum Wire {
     Plain(TcpStream),
@@ -316,7 +323,7 @@ impl Transport for TlsWire {
     }
 
     async fn ready(&mut self) -> io::Result<()> {
-        std::future::poll_fn(|cx| self.tcp.poll_read_ready(cx)).await
+        readable(&self.tcp).await
     }
 
     async fn recv(&mut self, buf: &mut Vec<u8>) -> io::Result<usize> {
@@ -376,7 +383,7 @@ impl Transport for Wire {
 
     async fn ready(&mut self) -> io::Result<()> {
         match self {
-            Self::Plain(tcp) => std::future::poll_fn(|cx| tcp.poll_read_ready(cx)).await,
+            Self::Plain(tcp) => readable(tcp).await,
             Self::Tls(tls) => tls.ready().await,
         }
     }
