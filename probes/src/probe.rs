@@ -669,6 +669,30 @@ mod tests {
         }
     }
 
+    /// After an answer, the kept connection waits for its peer without
+    /// taking a buffer: the answer's last read was short, so the socket
+    /// was drained and its readiness is not taken for new bytes.
+    #[tokio::test]
+    async fn a_kept_connection_takes_no_buffer_to_wait_after_an_answer() {
+        let (_server, mut client) = tls_server_and_client().await;
+        for probe in 1..=3 {
+            let result = probe_once(&mut client, "/readyz", Duration::from_secs(5), &[]).await;
+            assert!(result.ready(), "probe {probe}: {result:?}");
+            let taken = crate::scratch::taken();
+            // One poll of the wait: the peer has nothing more to say.
+            tokio::select! {
+                biased;
+                () = client.closed() => panic!("probe {probe}: the connection closed"),
+                () = std::future::ready(()) => {}
+            }
+            assert_eq!(
+                crate::scratch::taken(),
+                taken,
+                "probe {probe}: the wait took a buffer"
+            );
+        }
+    }
+
     /// At a start, thousands of connections wait on their peers at once:
     /// none holds a read buffer until its peer has sent something.
     #[tokio::test]

@@ -41,8 +41,22 @@ impl Pool {
     }
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Buffers taken on this thread, for tests that count what a wait takes.
+    static TAKEN: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// How many buffers this thread has taken.
+#[cfg(test)]
+pub(crate) fn taken() -> usize {
+    TAKEN.with(std::cell::Cell::get)
+}
+
 /// An empty buffer: one kept, or a new one.
 pub(crate) fn take() -> Vec<u8> {
+    #[cfg(test)]
+    TAKEN.with(|taken| taken.set(taken.get() + 1));
     POOL.take()
 }
 

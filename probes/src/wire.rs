@@ -12,7 +12,7 @@
 
 use std::io;
 use std::sync::Arc;
-use std::task::{Poll, ready};
+use std::task::ready;
 
 use rustls::client::UnbufferedClientConnection;
 use rustls::pki_types::ServerName;
@@ -183,14 +183,16 @@ impl TlsWire {
         // task holds (see `closed`), and each state of an async loop, or
         // `readable()`'s waiter (150 bytes), would make every task larger.
         std::future::poll_fn(|cx| {
-            loop {
-                ready!(self.tcp.poll_read_ready(cx))?;
-                self.room();
-                match self.tcp.try_read_buf(&mut self.incoming) {
-                    Err(err) if err.kind() == io::ErrorKind::WouldBlock => self.shrink(),
-                    read => return Poll::Ready(read),
-                }
+            ready!(self.tcp.poll_read_ready(cx))?;
+            self.room();
+            // tokio's own read, not `try_read_buf`: a read shorter than the
+            // room drained the socket, and tokio then forgets the readiness,
+            // so the next wait does not take a buffer for nothing.
+            let read = std::pin::pin!(self.tcp.read_buf(&mut self.incoming)).poll(cx);
+            if read.is_pending() {
+                self.shrink();
             }
+            read
         })
         .await
     }
