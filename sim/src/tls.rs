@@ -22,6 +22,24 @@ pub fn certificate_authority(name: &str) -> Result<CertifiedIssuer<'static, KeyP
         .map_err(Error::Tls)
 }
 
+/// `provider` with its TLS 1.3 suites in the order Go's server prefers
+/// them on a machine with AES instructions: AES-128-GCM, AES-256-GCM, then
+/// ChaCha20-Poly1305. kube-apiserver uses Go's defaults, so a client that
+/// offers AES-256-GCM first (as rustls does) still gets AES-128-GCM from it.
+fn go_cipher_order(mut provider: rustls::crypto::CryptoProvider) -> rustls::crypto::CryptoProvider {
+    use rustls::CipherSuite::{
+        TLS13_AES_128_GCM_SHA256, TLS13_AES_256_GCM_SHA384, TLS13_CHACHA20_POLY1305_SHA256,
+    };
+    let rank = |suite: &rustls::SupportedCipherSuite| match suite.suite() {
+        TLS13_AES_128_GCM_SHA256 => 0,
+        TLS13_AES_256_GCM_SHA384 => 1,
+        TLS13_CHACHA20_POLY1305_SHA256 => 2,
+        _ => 3,
+    };
+    provider.cipher_suites.sort_by_key(rank);
+    provider
+}
+
 /// A CA and a serving certificate it signed, ready for rustls.
 #[derive(Clone)]
 pub(crate) struct Identity {
@@ -137,7 +155,7 @@ impl Identity {
         key: Vec<u8>,
         client_certs: bool,
     ) -> Result<Self> {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let provider = Arc::new(go_cipher_order(rustls::crypto::ring::default_provider()));
         let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
             .with_safe_default_protocol_versions()
             .map_err(Error::Rustls)?;
@@ -170,6 +188,9 @@ impl Identity {
             )
             .map_err(Error::Rustls)?;
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        // Go's server picks the suite by its own order, whatever the
+        // client's, as kube-apiserver does.
+        config.ignore_client_order = true;
         Ok(Self {
             ca_pem,
             client,

@@ -8,15 +8,19 @@
 //! differ, the difference is in [`KNOWN`], each with why it cannot matter to
 //! a test; `docs/testkit.md` has the same list. A new difference fails the
 //! test, and so does a listed one that went away.
+//!
+//! The TLS 1.3 suite each picks for a client set up as tether's probes are
+//! is compared too: it is most of what a probe's record costs.
 
 mod common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::client_for;
+use common::{client_for, config_for};
 use http_body_util::BodyExt as _;
 use kube::Client;
+use kube::client::ConfigExt as _;
 use prost::Message as _;
 use serde_json::{Value, json};
 use tether_testkit::{ApiServer, Cluster, ControlPlane, Options, RealOptions};
@@ -554,6 +558,29 @@ fn diff_json(at: &str, simulated: &Value, real: &Value, found: &mut Vec<(String,
     }
 }
 
+/// The TLS suite `server` picks for kube's rustls configuration, which
+/// tether's probes use (and which offers AES-256-GCM first).
+async fn negotiated_suite(server: &impl Cluster) -> rustls::CipherSuite {
+    let tls = config_for(server)
+        .await
+        .rustls_client_config()
+        .expect("a TLS configuration");
+    let name = rustls::pki_types::ServerName::from(server.addr().ip());
+    let tcp = tokio::net::TcpStream::connect(server.addr())
+        .await
+        .expect("connected");
+    let stream = tokio_rustls::TlsConnector::from(std::sync::Arc::new(tls))
+        .connect(name, tcp)
+        .await
+        .expect("a TLS handshake");
+    stream
+        .get_ref()
+        .1
+        .negotiated_cipher_suite()
+        .expect("a suite once the handshake is done")
+        .suite()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_simulated_apiserver_answers_as_the_real_one_does() {
     let real = ControlPlane::start(RealOptions::default().name("judge"))
@@ -562,6 +589,18 @@ async fn the_simulated_apiserver_answers_as_the_real_one_does() {
     let simulated = ApiServer::start(Options::default().name("judged").tls(true).token("t0ken"))
         .await
         .expect("the simulated apiserver");
+    let suites = (
+        negotiated_suite(&simulated).await,
+        negotiated_suite(&real).await,
+    );
+    println!(
+        "TLS suite: {:?} / {:?} (simulated / real)",
+        suites.0, suites.1
+    );
+    assert_eq!(
+        suites.0, suites.1,
+        "the TLS suite picked (simulated / real)"
+    );
     let (simulated, real) = (answers(&simulated).await, answers(&real).await);
 
     let mut found = Vec::new();
