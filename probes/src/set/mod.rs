@@ -40,6 +40,7 @@ mod run;
 mod text;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -224,6 +225,9 @@ struct Inner {
     probes: Mutex<Probes>,
     created: Instant,
     connects: Pacer,
+    /// How many probe tasks run: the grid's step is sized to them
+    /// ([`on_grid`](pace::on_grid)).
+    tasks: AtomicUsize,
     /// Asked to re-read a remote's files when a probe fails as rotated
     /// credentials would make it.
     recheck: RecheckSlot,
@@ -334,6 +338,7 @@ impl ProbeSet {
                 probes: Mutex::default(),
                 created: Instant::now(),
                 connects: Pacer::new(),
+                tasks: AtomicUsize::new(0),
                 recheck: RecheckSlot::default(),
             }),
         })
@@ -555,6 +560,7 @@ fn apply(
         by_name.remove(name);
     }
     by_name.extend(gained);
+    inner.tasks.store(probes.len(), Ordering::Relaxed);
 }
 
 /// A probe of `host` for the remotes of `group`, its task started.
@@ -1047,17 +1053,22 @@ mod tests {
         let epoch = Instant::now();
         let interval = Duration::from_secs(10);
         let ms = Duration::from_millis;
-        assert_eq!(on_grid(epoch + ms(40), epoch, interval), epoch + ms(40));
-        assert_eq!(on_grid(epoch + ms(49), epoch, interval), epoch + ms(40));
-        assert_eq!(on_grid(epoch + ms(50), epoch, interval), epoch + ms(60));
-        assert_eq!(on_grid(epoch + ms(59), epoch, interval), epoch + ms(60));
-        // A short interval gets a finer grid: a fiftieth of it.
+        // 10,000 tasks every 10 s: a step of 20 ms gathers 20 a point.
+        let at = |t| on_grid(epoch + t, epoch, interval, 10_000);
+        assert_eq!(at(ms(40)), epoch + ms(40));
+        assert_eq!(at(ms(49)), epoch + ms(40));
+        assert_eq!(at(ms(50)), epoch + ms(60));
+        assert_eq!(at(ms(59)), epoch + ms(60));
+        // Fewer tasks: a wider step, at most 100 ms.
+        let at = |t| on_grid(epoch + t, epoch, interval, 100);
+        assert_eq!(at(ms(149)), epoch + ms(100));
+        assert_eq!(at(ms(150)), epoch + ms(200));
+        // A short interval: at most a tenth of it, whatever the tasks.
         let short = Duration::from_millis(100);
-        assert_eq!(on_grid(epoch + ms(3), epoch, short), epoch + ms(4));
-        assert_eq!(
-            on_grid(epoch + Duration::from_micros(900), epoch, short),
-            epoch
-        );
+        for tasks in [0, 1, 10] {
+            assert_eq!(on_grid(epoch + ms(4), epoch, short, tasks), epoch);
+            assert_eq!(on_grid(epoch + ms(5), epoch, short, tasks), epoch + ms(10));
+        }
     }
 
     #[test]

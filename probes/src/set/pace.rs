@@ -54,17 +54,31 @@ pub(super) fn jittered(interval: Duration, jitter: f64) -> Duration {
     interval.mul_f64(1.0 + jitter * (2.0 * fastrand::f64() - 1.0))
 }
 
-/// The widest step of the grid ticks are moved to.
-pub(super) const GRID: Duration = Duration::from_millis(20);
+/// How many probes a grid point gathers, where the interval allows: a
+/// wake-up of the process costs about 3,000 instructions, shared by the
+/// probes it sends (issue 43, part 14), but the answers of one point are
+/// read one after another, and each waits on the others' reads: 100 a
+/// point at 10,000 remotes put most probes' measured latency past 5 ms.
+const PER_POINT: u32 = 20;
 
-/// `at`, moved to the nearest point of a grid that starts at `epoch`, with
-/// a step of one fiftieth of the interval and at most [`GRID`] (so by
-/// 10 ms at most). Thousands of remotes then wake the process a few dozen
-/// times a second, each wake-up sending a batch of probes whose answers
-/// come back together, instead of once or twice per probe. The jitter still
-/// spreads the ticks over the grid, and the mean interval is unchanged.
-pub(super) fn on_grid(at: Instant, epoch: Instant, interval: Duration) -> Instant {
-    let step = (interval / 50).min(GRID).as_nanos().max(1);
+/// The widest step of the grid ticks are moved to.
+pub(super) const GRID: Duration = Duration::from_millis(100);
+
+/// `at`, moved to the nearest point of a grid that starts at `epoch`. Its
+/// step is the time in which [`PER_POINT`] of the set's `tasks` fall due,
+/// and at most a tenth of the interval and [`GRID`] (so a tick moves by
+/// 50 ms at most): 20 ms at 10,000 remotes every 10 s, 100 ms at 1,000.
+/// The process then wakes a few times a second, each wake-up sending a
+/// batch of probes whose answers come back together, instead of once or
+/// twice per probe. The jitter still spreads the ticks over the grid, and
+/// the mean interval is unchanged.
+pub(super) fn on_grid(at: Instant, epoch: Instant, interval: Duration, tasks: usize) -> Instant {
+    let tasks = u32::try_from(tasks).unwrap_or(u32::MAX).max(1);
+    let step = (interval.saturating_mul(PER_POINT) / tasks)
+        .min(interval / 10)
+        .min(GRID)
+        .as_nanos()
+        .max(1);
     let since = at.saturating_duration_since(epoch).as_nanos();
     let past = since % step;
     let nanos = |n: u128| Duration::from_nanos(u64::try_from(n).unwrap_or(0));

@@ -4,6 +4,7 @@
 use std::convert::Infallible;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
 use futures_util::FutureExt as _;
@@ -108,6 +109,7 @@ pub(super) async fn probe_loop(inner: &Inner, shared: &Shared) -> Infallible {
             tick + jittered(config.interval, config.jitter),
             inner.created,
             config.interval,
+            inner.tasks.load(Ordering::Relaxed),
         );
         let rebuild = {
             let mut state = shared.lock();
