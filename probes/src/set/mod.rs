@@ -15,8 +15,8 @@
 //!   stays, stops the tasks of identities that go, and deletes the metric
 //!   series of every name that goes.
 //! - Each task probes at once, then every `interval` ± `jitter` (moved to
-//!   the nearest point of a grid of at most 20 ms, so that many remotes
-//!   share a wake-up), and once
+//!   the nearest point of a grid sized to gather about 20 probes a point,
+//!   at most 100 ms, so that many remotes share a wake-up), and once
 //!   early when the remote closes the connection kept for probing. Every probe
 //!   has its own deadline (`timeout` ≤ `interval / 2`), so one remote never
 //!   delays another, and a probe always reports before the next is due.
