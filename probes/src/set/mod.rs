@@ -488,6 +488,10 @@ fn apply(
     for identity in gone {
         retired.extend(probes.remove(&identity));
     }
+    // Counted before any new task starts, so that its first tick is moved
+    // to the grid of the whole set.
+    let joining = wanted.keys().filter(|id| !probes.contains_key(*id)).count();
+    inner.tasks.store(probes.len() + joining, Ordering::Relaxed);
     // `by_name` follows what changes, not the whole set: the names each
     // probe lost are removed, then the names each gained inserted, so
     // that a name that moves from one probe to another ends at the
@@ -560,7 +564,7 @@ fn apply(
         by_name.remove(name);
     }
     by_name.extend(gained);
-    inner.tasks.store(probes.len(), Ordering::Relaxed);
+    debug_assert_eq!(inner.tasks.load(Ordering::Relaxed), probes.len());
 }
 
 /// A probe of `host` for the remotes of `group`, its task started.
