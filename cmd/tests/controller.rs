@@ -58,7 +58,7 @@ impl Fault {
     async fn strike(self, remote: &ControlPlane) {
         match self {
             Self::Recreated => remote.recreate().await.expect("recreated"),
-            Self::Hung => remote.pause(),
+            Self::Hung => remote.pause().await,
             Self::Refused => remote.stop(),
         }
     }

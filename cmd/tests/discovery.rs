@@ -592,7 +592,7 @@ impl World {
         })
         .await;
         let cycle = self.metric("tether_cycle", &[]).await;
-        self.home.pause();
+        self.home.pause().await;
         let lost = until_reachable(&self.tether, "home", Some(0.0)).await;
         for remote in ["a", "b", "c"] {
             assert_eq!(
@@ -957,7 +957,7 @@ async fn a_silent_home_cluster_fails_its_source_within_the_deadline_and_it_lists
         series(&tether, "tether_discovery_errors", &failing).await,
         None
     );
-    home.pause();
+    home.pause().await;
     let stuck = until(
         &tether,
         "tether_discovery_errors",

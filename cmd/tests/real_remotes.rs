@@ -136,7 +136,7 @@ async fn a_stopped_apiserver_is_hung_lost_once_and_back_after_sigcont() {
     lost_once_then_back(
         &a,
         &b,
-        async || b.pause(),
+        async || b.pause().await,
         async || b.resume(),
         &["timeout"],
     )
@@ -318,7 +318,7 @@ async fn three_real_remotes_sync_and_a_lost_optional_one_restarts_alone() {
 
     // The optional remote: its scope stops and starts again; the cycle
     // stays, and so does readiness.
-    c.pause();
+    c.pause().await;
     tether
         .until_metric(
             "tether_remote_restarts_total{cause=\"remote_lost\",remote=\"c\"}",

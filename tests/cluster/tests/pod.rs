@@ -229,7 +229,7 @@ async fn scraped_and_alerted_on(kube: &Kube, monitoring: &Monitoring) {
 async fn remote_lost_and_back(kube: &Kube, a: &ControlPlane, pod: &str, monitoring: &Monitoring) {
     let wall = std::time::SystemTime::now();
     let fault = Instant::now();
-    a.pause();
+    a.pause().await;
     let (_, took) = until_pod(
         kube,
         "NotReady after cluster-a hung",

@@ -37,6 +37,18 @@ pub fn cpu_time(pid: Option<u32>) -> Option<Duration> {
     ))
 }
 
+/// Whether every thread of `pid` is stopped (by `SIGSTOP`); `None` if the
+/// process is gone. A thread that exits while it is read is not counted.
+#[must_use]
+pub fn stopped(pid: u32) -> Option<bool> {
+    let tasks = process(Some(pid))?.tasks().ok()?;
+    Some(
+        tasks
+            .filter_map(|task| task.ok()?.stat().ok())
+            .all(|stat| stat.state == 'T'),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -48,5 +60,24 @@ mod tests {
         assert!(rss > 0 && peak >= rss, "rss {rss}, peak {peak}");
         assert!(status_kib(None, "NoSuchField").is_none());
         assert!(cpu_time(None).is_some());
+    }
+
+    #[test]
+    fn a_stopped_child_reads_as_stopped_and_a_gone_one_as_none() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .expect("sleep");
+        let pid = child.id();
+        let raw = rustix::process::Pid::from_raw(i32::try_from(pid).expect("pid")).expect("pid");
+        assert_eq!(stopped(pid), Some(false), "running");
+        rustix::process::kill_process(raw, rustix::process::Signal::STOP).expect("STOP");
+        // A child's own stop is reported by waitpid once it has happened.
+        rustix::process::waitpid(Some(raw), rustix::process::WaitOptions::UNTRACED)
+            .expect("waitpid");
+        assert_eq!(stopped(pid), Some(true), "stopped");
+        child.kill().expect("kill");
+        child.wait().expect("wait");
+        assert_eq!(stopped(pid), None, "gone");
     }
 }

@@ -38,6 +38,8 @@ use crate::{Error, Kubeconfig, Result, TestHost};
 /// How long a start may take before it is an error: a cold kube-apiserver
 /// on two loaded cores takes about ten seconds.
 const START_DEADLINE: Duration = Duration::from_secs(120);
+/// How long a paused apiserver's threads may take to stop.
+const STOP_DEADLINE: Duration = Duration::from_secs(10);
 
 /// Where `scripts/peers` puts the binaries, unless `TETHER_PEERS` says.
 #[must_use]
@@ -621,9 +623,28 @@ impl ControlPlane {
     }
 
     /// Stops the apiserver (SIGSTOP): connections are accepted by the
-    /// kernel and never answered.
-    pub fn pause(&self) {
+    /// kernel and never answered. Returns once every one of its threads
+    /// has stopped: `kill` returns when the signal is queued, and until a
+    /// thread takes it the others run on, so on a loaded machine a new
+    /// connection could still be answered.
+    ///
+    /// # Panics
+    ///
+    /// If a thread still runs after ten seconds.
+    pub async fn pause(&self) {
+        let Some(pid) = self.apiserver_pid() else {
+            return;
+        };
         self.signal(rustix::process::Signal::STOP);
+        let begun = Instant::now();
+        while crate::procfs::stopped(pid) == Some(false) {
+            assert!(
+                begun.elapsed() < STOP_DEADLINE,
+                "the apiserver of {} did not stop within {STOP_DEADLINE:?}",
+                self.options.name
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
     }
 
     /// Continues a paused apiserver (SIGCONT).

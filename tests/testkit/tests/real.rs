@@ -81,7 +81,7 @@ async fn each_fault_does_what_the_real_failure_does() {
     let plane = start("faults").await;
     assert_eq!(answer(&plane, Duration::from_secs(5)).await, Ok(200));
 
-    plane.pause();
+    plane.pause().await;
     assert_eq!(
         answer(&plane, Duration::from_secs(1)).await,
         Err("timeout"),

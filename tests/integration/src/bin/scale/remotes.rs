@@ -183,7 +183,7 @@ impl Served {
                 Ok(())
             }
             (Self::Real(p), Fault::Hang) => {
-                p.pause();
+                p.pause().await;
                 Ok(())
             }
             (Self::Real(p), Fault::Up) => {
