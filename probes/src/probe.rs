@@ -11,6 +11,7 @@
 
 use std::error::Error as StdError;
 use std::future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,7 +22,7 @@ use http_body_util::{BodyExt as _, Empty};
 use kube::client::ConfigExt as _;
 use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 use tower::util::BoxService;
 use tower::{BoxError, Service as _, ServiceBuilder, ServiceExt as _};
 
@@ -485,6 +486,20 @@ pub async fn probe_once(
     timeout: Duration,
     unreachable_statuses: &[u16],
 ) -> ProbeResult {
+    let timer = std::pin::pin!(tokio::time::sleep(timeout));
+    probe_on(client, path, timeout, unreachable_statuses, timer).await
+}
+
+/// [`probe_once`] with the deadline kept on `timer`, which is reset to it:
+/// a probe task reuses the timer it waits for its ticks on, so that a probe
+/// neither makes a timer nor drops one (the timer driver's lock each time).
+pub(crate) async fn probe_on(
+    client: &mut ProbeClient,
+    path: &str,
+    timeout: Duration,
+    unreachable_statuses: &[u16],
+    mut timer: Pin<&mut Sleep>,
+) -> ProbeResult {
     let prepared = match client.reusable(path) {
         Some(prepared) => prepared,
         None => match prepare_within_deadline(client, path).await {
@@ -494,23 +509,29 @@ pub async fn probe_once(
     };
     let started = Instant::now();
     // Until the request finishes, the connection is in an unknown state.
-    let deadline = started + timeout;
-    let outcome = match tokio::time::timeout_at(deadline, client.exchange(&prepared, started)).await
-    {
-        Err(_) => {
+    timer.as_mut().reset(started + timeout);
+    // The exchange first, as `tokio::time::timeout` polls it: an answer
+    // that came by the deadline counts.
+    let answered = tokio::select! {
+        biased;
+        answered = client.exchange(&prepared, started) => Some(answered),
+        () = timer => None,
+    };
+    let outcome = match answered {
+        None => {
             client.reset();
             Outcome::Unreachable {
                 cause: FailureCause::Timeout,
                 error: format!("no answer within {timeout:?}"),
             }
         }
-        Ok(Err(Failure::Local { kind, error })) => Outcome::LocalError { kind, error },
-        Ok(Err(Failure::Transport { cause, error })) => Outcome::Unreachable { cause, error },
-        Ok(Ok(status)) if unreachable_statuses.contains(&status) => Outcome::Unreachable {
+        Some(Err(Failure::Local { kind, error })) => Outcome::LocalError { kind, error },
+        Some(Err(Failure::Transport { cause, error })) => Outcome::Unreachable { cause, error },
+        Some(Ok(status)) if unreachable_statuses.contains(&status) => Outcome::Unreachable {
             cause: FailureCause::Status,
             error: format!("answered {status}, which unreachableStatuses lists"),
         },
-        Ok(Ok(status)) => Outcome::Reachable { status },
+        Some(Ok(status)) => Outcome::Reachable { status },
     };
     ProbeResult {
         outcome,

@@ -17,7 +17,7 @@ use super::{Inner, Shared, Transition};
 use crate::classify::{FailureCause, LocalKind, Outcome, ProbeResult, root_cause};
 use crate::credentials;
 use crate::history::Seen;
-use crate::probe::{ProbeClient, probe_client, probe_once};
+use crate::probe::{ProbeClient, probe_client, probe_on};
 use crate::{Reachability, Result};
 
 /// How long a probe waits for a [`Recheck`] before it counts its failure.
@@ -68,7 +68,13 @@ pub(super) async fn probe_loop(inner: &Inner, shared: &Shared) -> Infallible {
     // Made once, not on every probe: each registers a waiter.
     let suspected = shared.suspected.notified();
     tokio::pin!(suspected);
+    // One timer for the task's life, reset to each wait: the tick, the
+    // connection slot and the probe's deadline. A timer made and dropped
+    // for each takes the timer driver's lock twice more a probe.
+    let timer = tokio::time::sleep_until(next);
+    tokio::pin!(timer);
     loop {
+        timer.as_mut().reset(next);
         let closed = async {
             match client.as_mut() {
                 Some((_, client)) => client.closed().await,
@@ -77,7 +83,7 @@ pub(super) async fn probe_loop(inner: &Inner, shared: &Shared) -> Infallible {
         };
         tokio::select! {
             biased;
-            () = tokio::time::sleep_until(next) => {}
+            () = timer.as_mut() => {}
             () = &mut suspected => {
                 suspected.set(shared.suspected.notified());
                 fresh = true;
@@ -140,13 +146,15 @@ pub(super) async fn probe_loop(inner: &Inner, shared: &Shared) -> Infallible {
         if probe_client.needs_connection(tick) {
             // The wait is the process's, not the remote's: it comes before
             // the probe's deadline starts.
-            tokio::time::sleep_until(inner.connects.slot()).await;
+            timer.as_mut().reset(inner.connects.slot());
+            timer.as_mut().await;
         }
-        let result = Box::pin(probe_once(
+        let result = Box::pin(probe_on(
             probe_client,
             &config.path,
             config.timeout,
             &config.unreachable_statuses,
+            timer.as_mut(),
         ))
         .await;
         // Boxed, as the probe: a recheck is rare, and its waits would
