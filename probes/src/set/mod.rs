@@ -776,7 +776,7 @@ impl ProbeSetHandle {
 mod tests {
     use futures_util::StreamExt as _;
 
-    use super::pace::{CONNECT_BURST, CONNECTS_PER_SECOND, on_grid};
+    use super::pace::{CONNECT_BURST, CONNECTS_PER_SECOND, jittered, on_grid};
     use super::text::CHUNK;
     use super::*;
     use crate::metrics::Family;
@@ -1076,6 +1076,19 @@ mod tests {
     }
 
     #[test]
+    fn a_jittered_interval_stays_within_the_jitter_and_none_is_exact() {
+        for interval in [Duration::from_millis(1_500), Duration::from_secs(10)] {
+            assert_eq!(jittered(interval, 0.0), interval);
+            let (low, high) = (interval.mul_f64(0.9), interval.mul_f64(1.1));
+            let draws: Vec<Duration> = (0..1_000).map(|_| jittered(interval, 0.1)).collect();
+            assert!(draws.iter().all(|d| (low..=high).contains(d)), "{draws:?}");
+            // Spread over the range, not stuck at one end.
+            assert!(draws.iter().any(|d| *d < interval.mul_f64(0.95)));
+            assert!(draws.iter().any(|d| *d > interval.mul_f64(1.05)));
+        }
+    }
+
+    #[test]
     fn only_losses_and_recoveries_are_signals() {
         use Reachability::{Reachable, Unknown, Unreachable};
         assert_eq!(transition(Unknown, Reachable).signal(), None);
@@ -1165,9 +1178,9 @@ mod tests {
         // 848 before issue 43's second part, 624 after it, 544 since the
         // task is aborted rather than watching a cancellation token, 576
         // since it keeps one timer for its life (about 370 instructions a
-        // probe less).
+        // probe less), 528 since part 16's changes to the loop.
         assert!(
-            std::mem::size_of_val(&task) <= 576,
+            std::mem::size_of_val(&task) <= 528,
             "the idle probe task holds {} bytes",
             std::mem::size_of_val(&task)
         );

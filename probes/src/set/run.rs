@@ -134,7 +134,7 @@ pub(super) async fn probe_loop(inner: &Inner, shared: &Shared) -> Infallible {
             match built {
                 Ok(built) => client = Some((generation, built)),
                 Err(result) => {
-                    record(inner, shared, result);
+                    record(inner, shared, result, Instant::now());
                     continue;
                 }
             }
@@ -149,7 +149,7 @@ pub(super) async fn probe_loop(inner: &Inner, shared: &Shared) -> Infallible {
             timer.as_mut().reset(inner.connects.slot());
             timer.as_mut().await;
         }
-        let result = Box::pin(probe_on(
+        let (result, finished) = Box::pin(probe_on(
             probe_client,
             &config.path,
             config.timeout,
@@ -157,15 +157,21 @@ pub(super) async fn probe_loop(inner: &Inner, shared: &Shared) -> Infallible {
             timer.as_mut(),
         ))
         .await;
-        // Boxed, as the probe: a recheck is rare, and its waits would
-        // otherwise size every idle task.
-        if rotation_explains(&result) && Box::pin(rechecked(inner, shared)).await {
-            // The files changed under the probe: this failure says nothing
-            // of the remote. Probe again, now, with the new settings.
-            next = Instant::now();
-            continue;
-        }
-        record(inner, shared, result);
+        let now = if rotation_explains(&result) {
+            // Boxed, as the probe: a recheck is rare, and its waits would
+            // otherwise size every idle task.
+            if Box::pin(rechecked(inner, shared)).await {
+                // The files changed under the probe: this failure says
+                // nothing of the remote. Probe again, now, with the new
+                // settings.
+                next = Instant::now();
+                continue;
+            }
+            Instant::now()
+        } else {
+            finished
+        };
+        record(inner, shared, result, now);
     }
 }
 
@@ -237,12 +243,12 @@ pub(super) async fn build(
     }
 }
 
-/// Applies one probe result: state, metrics, logs and transitions.
-pub(super) fn record(inner: &Inner, shared: &Shared, result: ProbeResult) {
+/// Applies one probe result, come at `now`: state, metrics, logs and
+/// transitions.
+pub(super) fn record(inner: &Inner, shared: &Shared, result: ProbeResult, now: Instant) {
     let metrics = &inner.metrics;
     let host = shared.host.as_str();
     let mut state = shared.lock();
-    let now = Instant::now();
     state.last_tick = now;
     state.last_probe = Some(SystemTime::now());
 
