@@ -79,7 +79,7 @@ pub(super) const GRID: Duration = Duration::from_millis(100);
 /// the mean interval is unchanged.
 ///
 /// In whole nanoseconds as `u64` (584 years), not `Duration`s: dividing a
-/// `Duration` and taking a `u128` remainder cost about 60 instructions a
+/// `Duration` and taking a `u128` remainder cost about 90 instructions a
 /// probe more (issue 43, part 16).
 pub(super) fn on_grid(at: Instant, epoch: Instant, interval: Duration, tasks: usize) -> Instant {
     let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
