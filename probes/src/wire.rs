@@ -51,7 +51,7 @@ async fn readable(tcp: &TcpStream) -> io::Result<()> {
 
 /// Writes all of `bytes` to `tcp`: at once if the socket takes them, as a
 /// request on a kept connection nearly always is, without a future's
-/// polling and a task budget's check (about 70 instructions a probe,
+/// polling and a task budget's check (about 90 instructions a probe,
 /// issue 43, part 17); else what is left, once the socket is writable.
 async fn write(tcp: &mut TcpStream, bytes: &[u8]) -> io::Result<()> {
     let written = match tcp.try_write(bytes) {
