@@ -11,24 +11,37 @@ pub(crate) fn start_blackbox(
         "apt-get install -y prometheus-blackbox-exporter",
     )?;
     let prometheus_bin = which("prometheus", "apt-get install -y prometheus")?;
-    // One module per remote: its own CA and token, as tether has.
+    // One module per remote: its own CA and token, as tether has, in a
+    // folder of blackbox_exporter's own. It opens both files at every
+    // probe; in tether's folder, each open would be an inotify event that
+    // wakes tether's watcher, and blackbox_exporter's reads would count
+    // in tether's CPU.
+    let files = remotes.path("blackbox");
+    std::fs::create_dir_all(&files).map_err(|e| e.to_string())?;
     let mut modules = String::from("modules:\n");
     let mut targets = String::new();
     for (i, url) in remotes.urls.iter().enumerate() {
         let n = name(i);
+        let own = |file: String| {
+            let path = files.join(&file);
+            std::fs::copy(remotes.path(&file), &path)
+                .map(|_| path)
+                .map_err(|e| format!("{file}: {e}"))
+        };
+        let (token, ca) = (own(format!("{n}.token"))?, own(format!("{n}.ca.pem"))?);
         let _ = write!(
             modules,
             "  {n}:\n    prober: http\n    timeout: {timeout}s\n    http:\n      preferred_ip_protocol: ip4\n      bearer_token_file: {token}\n      tls_config: {{ ca_file: {ca} }}\n",
             timeout = interval / 2.0,
-            token = remotes.path(&format!("{n}.token")).display(),
-            ca = remotes.path(&format!("{n}.ca.pem")).display(),
+            token = token.display(),
+            ca = ca.display(),
         );
         let _ = write!(
             targets,
             "      - targets: [\"{url}/readyz\"]\n        labels: {{ module: {n}, remote: {n} }}\n",
         );
     }
-    let blackbox_config = remotes.path("blackbox.yml");
+    let blackbox_config = files.join("blackbox.yml");
     std::fs::write(&blackbox_config, modules).map_err(|e| e.to_string())?;
     let blackbox_addr = format!("127.0.0.1:{}", tether_testkit::free_port());
     let blackbox = Process::spawn(
@@ -38,7 +51,7 @@ pub(crate) fn start_blackbox(
             &format!("--web.listen-address={blackbox_addr}"),
         ]),
     )?;
-    let prom_config = remotes.path("prometheus.yml");
+    let prom_config = files.join("prometheus.yml");
     std::fs::write(
         &prom_config,
         format!(
@@ -53,7 +66,7 @@ pub(crate) fn start_blackbox(
         Command::new(prometheus_bin).args([
             &format!("--config.file={}", prom_config.display()),
             &format!("--web.listen-address={prom_addr}"),
-            &format!("--storage.tsdb.path={}", remotes.path("tsdb").display()),
+            &format!("--storage.tsdb.path={}", files.join("tsdb").display()),
         ]),
     )?;
     Ok((blackbox, prometheus, prom_addr))
