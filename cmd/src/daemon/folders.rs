@@ -1,5 +1,5 @@
 //! The folders the remotes' files are in, watched through inotify (the
-//! `notify` crate), so that a rotated file is read when its folder changes
+//! `inotify` crate), so that a rotated file is read when its folder changes
 //! rather than found by a sweep that `stat`s every file.
 //!
 //! A folder, not a file, is watched: the kubelet updates a Secret volume by
@@ -8,6 +8,12 @@
 //! daemon with the remotes whose files are in that folder; which of their
 //! files changed is still decided by `sources::changed`, so an event that
 //! changed nothing (a new file beside them) rebuilds nothing.
+//!
+//! A watch asks for changes alone: not for a file opened or read. tether
+//! and kube read these files themselves, and so may anything beside them
+//! (a sidecar, another exporter reading the same tokens): the `notify`
+//! crate's watch, which always asks for opens, woke tether at each
+//! (issue 43, part 18).
 //!
 //! What this misses, the daemon's slow sweep still finds: a folder that
 //! could not be watched (gone, or past `fs.inotify.max_user_watches`) has
@@ -19,8 +25,8 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use notify::event::{AccessKind, AccessMode};
-use notify::{EventKind, RecursiveMode, Watcher as _};
+use futures_util::StreamExt as _;
+use inotify::{EventMask, EventStream, Inotify, WatchDescriptor, WatchMask, Watches};
 use tracing::warn;
 
 use crate::config::sources::SourceFile;
@@ -31,7 +37,24 @@ use crate::config::sources::SourceFile;
 /// files (thousands of names in a watched folder) gets here.
 const PENDING_MAX: usize = 4_096;
 
-/// What the watcher's thread hands the daemon.
+/// What a folder's watch reports: whatever can change a file in it (its
+/// content, its name, its mode), or the folder itself. Not an open, a read,
+/// or a close after reading.
+const CHANGES: WatchMask = WatchMask::ATTRIB
+    .union(WatchMask::CLOSE_WRITE)
+    .union(WatchMask::CREATE)
+    .union(WatchMask::DELETE)
+    .union(WatchMask::DELETE_SELF)
+    .union(WatchMask::MODIFY)
+    .union(WatchMask::MOVE_SELF)
+    .union(WatchMask::MOVED_FROM)
+    .union(WatchMask::MOVED_TO);
+
+/// Room for one read of events: at least one event with the longest name
+/// (16 bytes and `NAME_MAX` + 1), as the kernel requires.
+const READ_ROOM: usize = 4_096;
+
+/// What the reader hands the daemon.
 #[derive(Debug, Default)]
 struct Pending {
     /// The paths of the events since the last wake.
@@ -39,13 +62,117 @@ struct Pending {
     /// Events were lost (the kernel's queue overflowed, or past
     /// [`PENDING_MAX`]): check every remote.
     everything: bool,
+    /// The reader stopped: no event will come, and every remote is swept.
+    failed: bool,
+}
+
+impl Pending {
+    /// Keeps the path of an event (`None`: events were lost).
+    fn add(&mut self, path: Option<PathBuf>) {
+        match path {
+            None => self.everything = true,
+            Some(_) if self.paths.len() >= PENDING_MAX => {
+                self.everything = true;
+                self.paths.clear();
+            }
+            Some(path) if !self.everything => {
+                self.paths.insert(path);
+            }
+            Some(_) => {}
+        }
+    }
+}
+
+/// Each watch's folder, by the descriptor the kernel names it with.
+type ByWatch = Arc<Mutex<HashMap<WatchDescriptor, PathBuf>>>;
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The kernel's watches on the folders, and the task that reads their
+/// events.
+struct Watcher {
+    watches: Watches,
+    by_watch: ByWatch,
+    by_folder: HashMap<PathBuf, WatchDescriptor>,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+impl Watcher {
+    /// Watches `folder`. Its descriptor is named under the lock the reader
+    /// takes, so that no event of it comes before its folder is known.
+    fn watch(&mut self, folder: &Path) -> std::io::Result<()> {
+        let mut by_watch = lock(&self.by_watch);
+        let watch = self.watches.add(folder, CHANGES)?;
+        by_watch.insert(watch.clone(), folder.to_path_buf());
+        self.by_folder.insert(folder.to_path_buf(), watch);
+        Ok(())
+    }
+
+    /// Stops watching `folder`. The kernel has dropped the watch already if
+    /// the folder is gone; that is not an error here.
+    fn unwatch(&mut self, folder: &Path) {
+        if let Some(watch) = self.by_folder.remove(folder) {
+            lock(&self.by_watch).remove(&watch);
+            let _ = self.watches.remove(watch);
+        }
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+/// Reads the watches' events into `pending`, waking the daemon for each.
+/// An event of a watch let go is dropped. If a read fails (the kernel
+/// refuses only a buffer too small for an event), it says so and stops:
+/// the daemon then sweeps every remote.
+async fn read(
+    mut events: EventStream<[u8; READ_ROOM]>,
+    by_watch: ByWatch,
+    pending: Arc<Mutex<Pending>>,
+    woken: Arc<tokio::sync::Notify>,
+) {
+    while let Some(event) = events.next().await {
+        let path = match event {
+            Ok(event) if event.mask.contains(EventMask::Q_OVERFLOW) => None,
+            Ok(event) => {
+                let Some(folder) = lock(&by_watch).get(&event.wd).cloned() else {
+                    continue;
+                };
+                // An event without a name is the folder's own.
+                Some(match event.name {
+                    Some(name) => folder.join(name),
+                    None => folder,
+                })
+            }
+            Err(err) => {
+                warn!(error = %err, "reading inotify's events failed; every remote's files are swept instead");
+                let mut pending = lock(&pending);
+                pending.everything = true;
+                pending.failed = true;
+                drop(pending);
+                woken.notify_one();
+                return;
+            }
+        };
+        lock(&pending).add(path);
+        woken.notify_one();
+        // A storm of events (a folder always busy) yields the worker to the
+        // probes every so often: a read of buffered events alone never
+        // would.
+        tokio::task::consume_budget().await;
+    }
 }
 
 /// The remotes' folders, watched.
 pub(super) struct Folders {
     /// `None` when inotify cannot be had (`fs.inotify.max_user_instances`):
     /// then every remote is swept.
-    watcher: Option<notify::INotifyWatcher>,
+    watcher: Option<Watcher>,
     /// Each folder watched, with the indices (into the daemon's resolved
     /// remotes) of the remotes whose files are in it.
     watched: HashMap<PathBuf, Vec<usize>>,
@@ -69,59 +196,41 @@ impl std::fmt::Debug for Folders {
     }
 }
 
-/// Whether an event can mean a file's content changed. Opening or reading a
-/// file cannot, and tether and kube read these files themselves.
-fn may_change(kind: EventKind) -> bool {
-    match kind {
-        EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
-        EventKind::Access(_) => false,
-        _ => true,
-    }
-}
-
 impl Folders {
-    /// A watcher with nothing watched yet. Without inotify (the instance
-    /// limit reached), every remote is swept, and that is logged.
+    /// A watcher with nothing watched yet, its reader a task on the
+    /// runtime. Without inotify (the instance limit reached), every remote
+    /// is swept, and that is logged.
     pub(super) fn new() -> Self {
         let pending = Arc::new(Mutex::new(Pending::default()));
         let woken = Arc::new(tokio::sync::Notify::new());
-        let handler = {
-            let pending = Arc::clone(&pending);
-            let woken = Arc::clone(&woken);
-            move |event: notify::Result<notify::Event>| {
-                if event
-                    .as_ref()
-                    .is_ok_and(|e| !e.need_rescan() && !may_change(e.kind))
-                {
-                    // An open or a read: most of a busy folder's events.
-                    return;
-                }
-                let mut pending = pending.lock().unwrap_or_else(PoisonError::into_inner);
-                match event {
-                    Ok(event) if event.need_rescan() => pending.everything = true,
-                    Ok(event) => {
-                        if pending.paths.len() + event.paths.len() > PENDING_MAX {
-                            pending.everything = true;
-                            pending.paths.clear();
-                        } else if !pending.everything {
-                            pending.paths.extend(event.paths);
-                        }
-                    }
-                    // The watcher's own read failed: what it lost is unknown.
-                    Err(_) => pending.everything = true,
-                }
-                drop(pending);
-                woken.notify_one();
-            }
-        };
-        let watcher = notify::INotifyWatcher::new(handler, notify::Config::default())
+        let watcher = Inotify::init()
+            .and_then(|inotify| {
+                let watches = inotify.watches();
+                let events = inotify.into_event_stream([0; READ_ROOM])?;
+                Ok((watches, events))
+            })
             .map_err(|err| {
                 warn!(
                     error = %err,
                     "inotify cannot be had (see fs.inotify.max_user_instances); every remote's files are swept instead"
                 );
             })
-            .ok();
+            .ok()
+            .map(|(watches, events)| {
+                let by_watch = ByWatch::default();
+                let reader = tokio::spawn(read(
+                    events,
+                    Arc::clone(&by_watch),
+                    Arc::clone(&pending),
+                    Arc::clone(&woken),
+                ));
+                Watcher {
+                    watches,
+                    by_watch,
+                    by_folder: HashMap::new(),
+                    reader,
+                }
+            });
         Self {
             watcher,
             watched: HashMap::new(),
@@ -160,15 +269,14 @@ impl Folders {
             return;
         };
         for gone in self.watched.keys().filter(|f| !wanted.contains_key(*f)) {
-            // A folder removed from under its watch is unwatched already.
-            let _ = watcher.unwatch(gone);
+            watcher.unwatch(gone);
         }
         let mut unwatched = Vec::new();
         let mut failure = None;
         let mut kept = HashMap::with_capacity(wanted.len());
         for (folder, indices) in wanted {
             let held = self.watched.contains_key(&folder)
-                || match watcher.watch(&folder, RecursiveMode::NonRecursive) {
+                || match watcher.watch(&folder) {
                     Ok(()) => true,
                     Err(err) => {
                         failure.get_or_insert((folder.clone(), err));
@@ -202,8 +310,8 @@ impl Folders {
         let Some(watcher) = self.watcher.as_mut() else {
             return;
         };
-        let _ = watcher.unwatch(folder);
-        if watcher.watch(folder, RecursiveMode::NonRecursive).is_err()
+        watcher.unwatch(folder);
+        if watcher.watch(folder).is_err()
             && let Some(indices) = self.watched.remove(folder)
         {
             self.unwatched.extend(indices);
@@ -226,8 +334,14 @@ impl Folders {
     pub(super) async fn changed(&mut self) -> Option<Vec<usize>> {
         loop {
             tokio::time::sleep_until(self.resting).await;
-            let pending =
-                std::mem::take(&mut *self.pending.lock().unwrap_or_else(PoisonError::into_inner));
+            let pending = std::mem::take(&mut *lock(&self.pending));
+            if pending.failed {
+                self.watcher = None;
+                self.unwatched
+                    .extend(self.watched.drain().flat_map(|(_, own)| own));
+                self.unwatched.sort_unstable();
+                self.unwatched.dedup();
+            }
             if pending.everything {
                 return None;
             }
@@ -308,8 +422,9 @@ mod tests {
         follow(&mut folders, &remotes);
         assert!(folders.unwatched().is_empty());
 
-        // Read a's file (as kube does), then replace b's by a rename: the
-        // kernel queues the read's events first, and no wake names a.
+        // Read a's file (as kube does), then replace b's by a rename: had
+        // the read made events, the kernel would queue them first; no wake
+        // names a.
         std::fs::read(a.path().join("token")).expect("read");
         std::fs::write(b.path().join("..token_tmp"), "two").expect("write");
         std::fs::rename(b.path().join("..token_tmp"), b.path().join("token")).expect("swap");
@@ -324,6 +439,46 @@ mod tests {
         std::fs::write(a.path().join("token"), "two").expect("write");
         let wakes = until_named(&mut folders, 0).await;
         assert!(wakes.iter().flatten().all(|i| *i < 2), "{wakes:?}");
+    }
+
+    /// The masks of this process's inotify watches on the inode `inode`,
+    /// as the kernel lists them in `/proc/self/fdinfo`.
+    fn kernel_masks(inode: u64) -> Vec<u32> {
+        let mut masks = Vec::new();
+        for fd in std::fs::read_dir("/proc/self/fdinfo").expect("fdinfo") {
+            let Ok(info) = std::fs::read_to_string(fd.expect("an fd").path()) else {
+                continue;
+            };
+            for line in info.lines().filter(|l| l.starts_with("inotify wd:")) {
+                let field = |name: &str| {
+                    line.split(' ')
+                        .find_map(|f| f.strip_prefix(name))
+                        .expect("a field of the kernel's line")
+                        .to_owned()
+                };
+                if u64::from_str_radix(&field("ino:"), 16) == Ok(inode) {
+                    masks.push(u32::from_str_radix(&field("mask:"), 16).expect("hex"));
+                }
+            }
+        }
+        masks
+    }
+
+    #[tokio::test]
+    async fn a_watch_asks_the_kernel_for_changes_and_not_for_reads() {
+        use std::os::unix::fs::MetadataExt as _;
+        let a = tempfile::tempdir().expect("dir");
+        let mut folders = Folders::new();
+        follow(&mut folders, &[files(&[a.path().join("token")])]);
+        let inode = std::fs::metadata(a.path()).expect("stat").ino();
+        let masks = kernel_masks(inode);
+        assert_eq!(masks.len(), 1, "one watch on the folder: {masks:x?}");
+        let reads = WatchMask::OPEN | WatchMask::ACCESS | WatchMask::CLOSE_NOWRITE;
+        assert_eq!(masks[0] & reads.bits(), 0, "{:x}", masks[0]);
+        assert_eq!(masks[0] & CHANGES.bits(), CHANGES.bits(), "{:x}", masks[0]);
+        // A folder no remote needs is let go, its watch with it.
+        follow(&mut folders, &[]);
+        assert!(kernel_masks(inode).is_empty());
     }
 
     #[tokio::test]
