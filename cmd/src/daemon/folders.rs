@@ -139,20 +139,20 @@ async fn read(
     while let Some(event) = events.next().await {
         let path = match event {
             Ok(event) if event.mask.contains(EventMask::Q_OVERFLOW) => None,
-            Ok(event) => {
-                let Some(folder) = lock(&by_watch).get(&event.wd).cloned() else {
-                    continue;
-                };
+            Ok(event) => match lock(&by_watch).get(&event.wd) {
                 // An event without a name is the folder's own.
-                Some(match event.name {
-                    Some(name) => folder.join(name),
-                    None => folder,
-                })
-            }
+                Some(folder) => Some(
+                    event
+                        .name
+                        .map_or_else(|| folder.clone(), |name| folder.join(name)),
+                ),
+                // A watch let go.
+                None => continue,
+            },
             Err(err) => {
                 warn!(error = %err, "reading inotify's events failed; every remote's files are swept instead");
                 let mut pending = lock(&pending);
-                pending.everything = true;
+                pending.add(None);
                 pending.failed = true;
                 drop(pending);
                 woken.notify_one();
